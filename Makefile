@@ -1,0 +1,30 @@
+# Two entry points on a fresh machine: `make demo` and `make test`. Both create .venv when missing.
+PY := .venv/bin/python
+VENV_STAMP := .venv/.installed
+
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test lint venv clean-venv
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
+	$(PY) -m pip install -q -c constraints.txt --no-deps --no-build-isolation -e .
+	touch $(VENV_STAMP)
+
+demo: $(VENV_STAMP)
+	$(PY) -m fxforge.examples.demo
+
+test: $(VENV_STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(VENV_STAMP)
+	.venv/bin/ruff check .
+
+clean-venv:
+	rm -rf .venv
