@@ -1,0 +1,1 @@
+"""Capture, IR, metadata and checkpoints."""

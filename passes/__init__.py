@@ -1,0 +1,22 @@
+"""Every fxforge pass by name: ``from fxforge import passes; passes.count_op_analysis_pass(mg)``."""
+
+from .analysis.count_op import count_op_analysis_pass
+from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
+from .analysis.report_graph import report_graph_analysis_pass
+from .analysis.trainable_params import report_trainable_parameters_analysis_pass
+from .base import PASSES, PassArgsError, PassError, forge_pass, get_pass
+from .transform.remove_dropout import remove_dropout_transform_pass
+
+__all__ = [
+    "PASSES",
+    "PassArgsError",
+    "PassError",
+    "add_common_metadata_analysis_pass",
+    "count_op_analysis_pass",
+    "forge_pass",
+    "get_pass",
+    "init_metadata_analysis_pass",
+    "remove_dropout_transform_pass",
+    "report_graph_analysis_pass",
+    "report_trainable_parameters_analysis_pass",
+]

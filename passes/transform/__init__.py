@@ -1,0 +1,1 @@
+"""Transform passes: rewrite the graph and recompile it; each states the contract a test checks."""

@@ -1,0 +1,14 @@
+"""fxforge: capture a PyTorch model into one metadata-annotated torch.fx IR, run passes, export safely.
+
+    from fxforge import ForgeGraph, passes
+    mg = ForgeGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])
+    mg, _ = passes.init_metadata_analysis_pass(mg)
+    mg, _ = passes.add_common_metadata_analysis_pass(mg)
+"""
+
+from . import passes
+from .graph.capture import CaptureError
+from .graph.forge_graph import ForgeGraph, PassRecord
+from .graph.inputs import ExampleInputs
+
+__all__ = ["CaptureError", "ExampleInputs", "ForgeGraph", "PassRecord", "passes"]

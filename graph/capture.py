@@ -1,0 +1,178 @@
+"""Capture frontends: torch.fx symbolic tracing and torch.export, behind one entry point.
+
+Both produce the same IR (graph/normalize): parametrized layers as call_module nodes on real
+submodules named by their original paths, other ops as function/method nodes. A model that cannot be
+captured gets a :class:`CaptureError` naming the module and source line that failed and what to try.
+"""
+
+from __future__ import annotations
+
+import linecache
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from .hf import DEFAULT_HF_INPUT_NAMES, hf_dummy_inputs, is_hf_model
+from .inputs import ExampleInputs
+from .normalize import normalize
+
+Frontend = Literal["auto", "fx", "export"]
+FRONTENDS: tuple[str, ...] = ("auto", "fx", "export")
+
+
+class CaptureError(RuntimeError):
+    """A model could not be captured; the message names where and what to try."""
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    module: fx.GraphModule
+    frontend: str
+    example_inputs: ExampleInputs | None
+    notes: tuple[str, ...]
+
+
+class _ForgeTracer(fx.Tracer):
+    """fx tracer with user leaf modules/functions that remembers which module it is inside."""
+
+    def __init__(self, leaf_modules: tuple[type[nn.Module], ...], leaf_functions: tuple[Any, ...]) -> None:
+        super().__init__(autowrap_functions=leaf_functions)
+        self.leaf_modules = leaf_modules
+        self.path: list[str] = []
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if self.leaf_modules and isinstance(m, self.leaf_modules):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.path.append(self.path_of_module(m))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self.path.pop()
+
+
+def _failure_site(exc: BaseException, model: nn.Module) -> str:
+    """'module 'a.b' (Cls) at file.py:12 `source`' for the innermost user frame inside the model."""
+    names = {id(m): n for n, m in model.named_modules()}
+    module_desc, line_desc = "", ""
+    seen: set[int] = set()
+    chain: BaseException | None = exc
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        tb: TracebackType | None = chain.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module) and id(owner) in names:
+                path = names[id(owner)] or "<root>"
+                module_desc = f"module '{path}' ({type(owner).__name__})"
+                src = linecache.getline(frame.f_code.co_filename, tb.tb_lineno).strip()
+                line_desc = f" at {frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} `{src}`"
+            tb = tb.tb_next
+        chain = chain.__cause__ or chain.__context__
+    return (module_desc + line_desc) if module_desc else "the model's top-level forward"
+
+
+def _short(exc: BaseException) -> str:
+    lines = [ln for ln in traceback.format_exception_only(type(exc), exc)[-1].strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) < 400 else text[:400] + " ..."
+
+
+def _trace_fx(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
+              leaf_functions: tuple[Any, ...]) -> fx.GraphModule:
+    tracer = _ForgeTracer(leaf_modules, leaf_functions)
+    graph = tracer.trace(model)
+    return fx.GraphModule(tracer.root, graph, class_name=type(model).__name__)
+
+
+def _dynamic_shapes(example: ExampleInputs) -> tuple[Any, ...] | dict[str, Any]:
+    def spec(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return {i: torch.export.Dim.AUTO for i in range(v.dim())}
+        return None
+
+    if example.kwargs and not example.args:
+        return {k: spec(v) for k, v in example.kwargs.items()}
+    return (*[spec(v) for v in example.args], *[spec(v) for v in example.kwargs.values()])
+
+
+def _trace_export(model: nn.Module, example: ExampleInputs, dynamic: bool) -> fx.GraphModule:
+    shapes = _dynamic_shapes(example) if dynamic else None
+    if isinstance(shapes, tuple) and example.kwargs:
+        shapes = None  # mixed args/kwargs: let export infer static shapes
+    ep = torch.export.export(model, example.args, example.kwargs or None, dynamic_shapes=shapes, strict=False)
+    return ep.module()
+
+
+def capture(
+    model: nn.Module,
+    example_inputs: Any = None,
+    hf_input_names: Sequence[str] | None = None,
+    frontend: str = "auto",
+    leaf_modules: tuple[type[nn.Module], ...] = (),
+    leaf_functions: tuple[Any, ...] = (),
+    dynamic: bool = True,
+) -> CaptureResult:
+    """Capture ``model`` into the fxforge IR with the requested frontend (see ForgeGraph)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"ForgeGraph needs an nn.Module, got {type(model).__name__}")
+    if frontend not in FRONTENDS:
+        raise ValueError(f"unknown frontend {frontend!r}; allowed: {list(FRONTENDS)}")
+    bad_leaves = [m for m in leaf_modules if not (isinstance(m, type) and issubclass(m, nn.Module))]
+    if bad_leaves:
+        raise TypeError(f"leaf_modules must be nn.Module subclasses, got {bad_leaves}")
+
+    hf = is_hf_model(model)
+    if hf_input_names is not None and not hf:
+        raise ValueError("hf_input_names is only for HuggingFace models; pass example_inputs instead")
+    example = None if example_inputs is None else ExampleInputs.coerce(example_inputs)
+    if hf and example is None:
+        names = tuple(hf_input_names) if hf_input_names is not None else DEFAULT_HF_INPUT_NAMES
+        example = ExampleInputs(kwargs=hf_dummy_inputs(model, names))
+
+    order = ["export"] if frontend == "auto" and hf else (["fx", "export"] if frontend == "auto" else [frontend])
+    notes: list[str] = []
+    failures: list[str] = []
+    was_training = model.training
+    # Trace in train mode so every dropout probability is visible; normalization makes it switchable.
+    model.train()
+    try:
+        for name in order:
+            if name == "export" and example is None:
+                failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
+                continue
+            try:
+                if name == "fx":
+                    gm = _trace_fx(model, leaf_modules, leaf_functions)
+                else:
+                    gm = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - reported with context below
+                failures.append(f"{name}: failed in {_failure_site(exc, model)}: {_short(exc)}")
+                continue
+            if failures:
+                notes.append(f"fell back to {name} after " + "; ".join(failures))
+            gm = normalize(gm, model)
+            gm.train(was_training)
+            return CaptureResult(gm, name, example, tuple(notes))
+    finally:
+        model.train(was_training)
+
+    hints = ["keep the failing module whole with leaf_modules=[ThatModule] (fx frontend)"]
+    if "export" not in order:
+        hints.append("try frontend='export' with example_inputs")
+    elif example is None:
+        hints.append("pass example_inputs so the export frontend can run")
+    if "fx" not in order and not hf:
+        hints.append("try frontend='fx'")
+    raise CaptureError(
+        f"could not capture {type(model).__name__}:\n  " + "\n  ".join(failures) + "\nTry: " + "; ".join(hints)
+    )

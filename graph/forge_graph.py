@@ -1,0 +1,164 @@
+"""ForgeGraph: a captured model (one torch.fx GraphModule IR) plus its provenance.
+
+Users start every workflow with ``mg = ForgeGraph(model, ...)`` (MASE's MaseGraph) and chain passes
+on it. The GraphModule is ``mg.model``; node metadata lives on its nodes (graph/metadata).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.fx as fx
+import torch.nn as nn
+
+from .capture import Frontend, capture
+from .inputs import ExampleInputs
+from .metadata import NodeMeta, get_meta
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """One entry of a graph's pass history: which pass ran, of which kind, with which (JSON) args."""
+
+    name: str
+    kind: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "args": self.args}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PassRecord:
+        return cls(name=data["name"], kind=data["kind"], args=dict(data.get("args", {})))
+
+
+class ForgeGraph:
+    """A model captured into a metadata-annotated torch.fx GraphModule.
+
+    Args:
+        model: the nn.Module (or HF PreTrainedModel) to capture.
+        example_inputs: a tensor, a tuple of args or a dict of kwargs; needed by the export frontend
+            and by shape propagation (HF models get dummy inputs built from ``hf_input_names``).
+        hf_input_names: HF forward arguments to expose, e.g. ``["input_ids", "attention_mask",
+            "labels"]``; with ``labels`` the graph returns the loss as the HF model does.
+        frontend: ``"fx"`` (symbolic tracing), ``"export"`` (torch.export) or ``"auto"``.
+        leaf_modules: module types the fx frontend keeps as single call_module nodes.
+        leaf_functions: functions the fx frontend keeps as single call_function nodes.
+        dynamic: export frontend only: make every input dimension dynamic where the model allows.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        example_inputs: Any = None,
+        hf_input_names: Sequence[str] | None = None,
+        frontend: Frontend = "auto",
+        leaf_modules: Sequence[type[nn.Module]] = (),
+        leaf_functions: Sequence[Any] = (),
+        dynamic: bool = True,
+    ) -> None:
+        result = capture(
+            model,
+            example_inputs=example_inputs,
+            hf_input_names=hf_input_names,
+            frontend=frontend,
+            leaf_modules=tuple(leaf_modules),
+            leaf_functions=tuple(leaf_functions),
+            dynamic=dynamic,
+        )
+        self.model: fx.GraphModule = result.module
+        self.frontend: str = result.frontend
+        self.example_inputs: ExampleInputs | None = result.example_inputs
+        self.capture_notes: tuple[str, ...] = result.notes
+        self.history: list[PassRecord] = []
+
+    @classmethod
+    def from_parts(
+        cls,
+        module: fx.GraphModule,
+        frontend: str,
+        example_inputs: ExampleInputs | None = None,
+        history: Sequence[PassRecord] = (),
+        notes: Sequence[str] = (),
+    ) -> ForgeGraph:
+        """Assemble a ForgeGraph from an already captured GraphModule (used by checkpoint loading)."""
+        obj = cls.__new__(cls)
+        obj.model = module
+        obj.frontend = frontend
+        obj.example_inputs = example_inputs
+        obj.capture_notes = tuple(notes)
+        obj.history = list(history)
+        return obj
+
+    # -- graph access ------------------------------------------------------------------------
+    @property
+    def fx_graph(self) -> fx.Graph:
+        """The torch.fx Graph (MASE spelling)."""
+        return self.model.graph
+
+    @property
+    def nodes(self) -> Iterator[fx.Node]:
+        return iter(self.model.graph.nodes)
+
+    def node(self, name: str) -> fx.Node:
+        """The node called ``name``; KeyError listing a few names otherwise."""
+        for n in self.model.graph.nodes:
+            if n.name == name:
+                return n
+        names = [n.name for n in self.model.graph.nodes]
+        raise KeyError(f"no node {name!r}; nodes include {names[:10]}")
+
+    def meta(self, node: fx.Node | str) -> NodeMeta:
+        """Typed metadata of a node (by node or name)."""
+        return get_meta(self.node(node) if isinstance(node, str) else node)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return dict(self.model.named_modules())
+
+    # -- running -------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> ForgeGraph:
+        self.model.train(mode)
+        return self
+
+    def eval(self) -> ForgeGraph:
+        return self.train(False)
+
+    def recompile(self) -> None:
+        """Lint and regenerate the GraphModule's code after a rewrite."""
+        self.model.graph.lint()
+        self.model.recompile()
+
+    def copy(self) -> ForgeGraph:
+        """A deep copy (graph, weights, metadata, history): for trials that must not share state."""
+        return copy.deepcopy(self)
+
+    # -- persistence and drawing ----------------------------------------------------------------
+    def export(self, path: str | Path) -> Path:
+        """Write a pickle-free checkpoint directory (see graph/checkpoint)."""
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(self, path)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> ForgeGraph:
+        """Load a checkpoint written by :meth:`export`; verifies hashes and resolves targets by allowlist."""
+        from .checkpoint import load_checkpoint
+
+        return load_checkpoint(path)
+
+    def draw(self, path: str | Path) -> Path:
+        """Write an SVG picture of the graph."""
+        from .draw import draw_svg
+
+        return draw_svg(self, path)
+
+    def __repr__(self) -> str:
+        n = sum(1 for _ in self.model.graph.nodes)
+        return f"ForgeGraph(frontend={self.frontend!r}, nodes={n}, passes={[p.name for p in self.history]})"

@@ -1,0 +1,218 @@
+"""Normalize a raw captured GraphModule into the fxforge IR (architecture: graph/normalize).
+
+* ATen calls of parametrized layers (linear, embedding, layer_norm, conv1d/2d, batch_norm) made by a
+  real ``nn.Linear``/... of the model become call_module nodes on that module, at its original path
+  (from ``node.meta["nn_module_stack"]``), so HF parameter names survive.
+* Dropout (ATen or functional) becomes an ``nn.Dropout`` call_module and SDPA with a baked dropout
+  probability becomes :class:`ScaledDotProductAttention`: captured in train mode, they would otherwise
+  stay on in eval mode.
+* torch.export's ``_guards_fn`` and ``_assert_tensor_metadata`` are dropped; the pytree codegen (HF
+  output structure) is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .modules import ScaledDotProductAttention
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class _LiftSpec:
+    """How to recognise an ATen call made by a module of type ``cls``."""
+
+    cls: type[nn.Module]
+    input_index: int
+    tensor_index: int  # arg holding the module's first tensor (weight, or running_mean for BN)
+    tensor_attr: str
+    accepts: Callable[[nn.Module, fx.Node], bool] = lambda m, n: True
+
+
+def _conv_ok(m: nn.Module, node: fx.Node) -> bool:
+    return getattr(m, "padding_mode", "zeros") == "zeros"
+
+
+def _bn_first_tensor(m: nn.Module) -> str:
+    return "weight" if getattr(m, "weight", None) is not None else "running_mean"
+
+
+_LIFTS: dict[Any, _LiftSpec] = {
+    aten.linear.default: _LiftSpec(nn.Linear, 0, 1, "weight"),
+    aten.embedding.default: _LiftSpec(nn.Embedding, 1, 0, "weight"),
+    aten.layer_norm.default: _LiftSpec(nn.LayerNorm, 0, 2, "weight"),
+    aten.conv1d.default: _LiftSpec(nn.Conv1d, 0, 1, "weight", _conv_ok),
+    aten.conv2d.default: _LiftSpec(nn.Conv2d, 0, 1, "weight", _conv_ok),
+    aten.conv1d.padding: _LiftSpec(nn.Conv1d, 0, 1, "weight", _conv_ok),
+    aten.conv2d.padding: _LiftSpec(nn.Conv2d, 0, 1, "weight", _conv_ok),
+}
+_BATCH_NORM = aten.batch_norm.default
+_DROPOUTS = {aten.dropout.default, F.dropout, torch.dropout}
+_SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention}
+_DROPPED = {aten._assert_tensor_metadata.default}
+
+
+def _innermost(node: fx.Node) -> tuple[str, str] | None:
+    """(path, type name) of the innermost module whose forward produced the node."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path, typ = list(stack.values())[-1]
+    typ_name = typ if isinstance(typ, str) else f"{typ.__module__}.{typ.__qualname__}"
+    return str(path), typ_name
+
+
+def _tensor_of(gm: fx.GraphModule, arg: Any) -> torch.Tensor | None:
+    if isinstance(arg, fx.Node) and arg.op == "get_attr":
+        obj: Any = gm
+        for part in str(arg.target).split("."):
+            obj = getattr(obj, part, None)
+        return obj if isinstance(obj, torch.Tensor) else None
+    return None
+
+
+def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent: nn.Module = root
+    *parents, leaf = path.split(".")
+    for part in parents:
+        child = getattr(parent, part, None)
+        if not isinstance(child, nn.Module):
+            child = nn.Module()
+            setattr(parent, part, child)
+        parent = child
+    setattr(parent, leaf, module)
+
+
+def _has_attr_path(root: nn.Module, path: str) -> bool:
+    obj: Any = root
+    for part in path.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+def _fresh_path(gm: fx.GraphModule, model: nn.Module, base: str) -> str:
+    path, k = base, 1
+    while _has_attr_path(gm, path) or _has_attr_path(model, path):
+        path, k = f"{base}_{k}", k + 1
+    return path
+
+
+def _replace_with_module(gm: fx.GraphModule, node: fx.Node, path: str, args: tuple[Any, ...]) -> None:
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_module(path, args=args)
+    new.meta.update({k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace", "val")})
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+
+
+def _owner_module(model: nn.Module, node: fx.Node, cls: type[nn.Module]) -> tuple[str, nn.Module] | None:
+    site = _innermost(node)
+    if site is None:
+        return None
+    path = site[0]
+    try:
+        module = model.get_submodule(path)
+    except AttributeError:
+        return None
+    return (path, module) if isinstance(module, cls) and path else None
+
+
+def _lift_layer(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
+    if node.target == _BATCH_NORM:
+        spec = _LiftSpec(nn.modules.batchnorm._BatchNorm, 0, 1, "weight")
+        owner = _owner_module(model, node, spec.cls)
+        if owner is None:
+            return False
+        attr = _bn_first_tensor(owner[1])
+        index = 1 if attr == "weight" else 3
+        tensor = _tensor_of(gm, node.args[index])
+        if tensor is None or tensor is not getattr(owner[1], attr):
+            return False
+        _set_submodule(gm, owner[0], owner[1])
+        _replace_with_module(gm, node, owner[0], (node.args[0],))
+        return True
+    spec = _LIFTS[node.target]
+    owner = _owner_module(model, node, spec.cls)
+    if owner is None or not spec.accepts(owner[1], node):
+        return False
+    path, module = owner
+    tensor = _tensor_of(gm, node.args[spec.tensor_index])
+    if tensor is None or tensor is not getattr(module, spec.tensor_attr):
+        return False
+    _set_submodule(gm, path, module)
+    _replace_with_module(gm, node, path, (node.args[spec.input_index],))
+    return True
+
+
+def _dropout_p(node: fx.Node) -> float:
+    return float(node.args[1]) if len(node.args) > 1 else float(node.kwargs.get("p", 0.5))
+
+
+def _lift_dropout(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> None:
+    p = _dropout_p(node)
+    owner = _owner_module(model, node, nn.Dropout)
+    if owner is not None and owner[1].p == p:
+        path, module = owner
+    else:
+        site = _innermost(node)
+        base = f"{site[0]}.{node.name}" if site and site[0] else node.name
+        path, module = _fresh_path(gm, model, base), nn.Dropout(p)
+    _set_submodule(gm, path, module)
+    _replace_with_module(gm, node, path, (node.args[0],))
+
+
+def _lift_sdpa(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound = dict(zip(names, node.args))
+    bound.update(node.kwargs)
+    p = float(bound.get("dropout_p", 0.0) or 0.0)
+    if p == 0.0:
+        return False
+    module = ScaledDotProductAttention(
+        dropout_p=p, is_causal=bool(bound.get("is_causal", False)), scale=bound.get("scale"),
+        enable_gqa=bool(bound.get("enable_gqa", False)),
+    )
+    site = _innermost(node)
+    path = _fresh_path(gm, model, f"{site[0]}.sdpa" if site and site[0] else "sdpa")
+    _set_submodule(gm, path, module)
+    args = (bound["query"], bound["key"], bound["value"], bound.get("attn_mask"))
+    _replace_with_module(gm, node, path, args)
+    return True
+
+
+def normalize(gm: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
+    """Rewrite ``gm`` (captured from ``model``) in place into the fxforge IR and return it."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn":
+            graph.erase_node(node)
+        elif node.op == "call_function" and node.target in _DROPPED and not node.users:
+            graph.erase_node(node)
+        elif node.op == "call_function" and (node.target in _LIFTS or node.target == _BATCH_NORM):
+            _lift_layer(gm, model, node)
+        elif node.op == "call_function" and node.target in _DROPOUTS:
+            _lift_dropout(gm, model, node)
+        elif node.op == "call_function" and node.target in _SDPA:
+            _lift_sdpa(gm, model, node)
+    if hasattr(gm, "_guards_fn"):
+        delattr(gm, "_guards_fn")
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            graph.erase_node(node)
+    graph.lint()
+    # A plain GraphModule (torch.export's own class refuses train()/eval()) holding only what the
+    # graph references; the pytree codegen (HF output structure) travels with the graph.
+    out = fx.GraphModule(gm, graph, class_name=type(model).__name__)
+    out.delete_all_unused_submodules()
+    out.recompile()
+    return out
