@@ -11,6 +11,7 @@ import linecache
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
@@ -59,26 +60,38 @@ class _ForgeTracer(fx.Tracer):
             self.path.pop()
 
 
-def _failure_site(exc: BaseException, model: nn.Module) -> str:
-    """'module 'a.b' (Cls) at file.py:12 `source`' for the innermost user frame inside the model."""
+_TORCH_DIR = str(Path(torch.__file__).parent)
+
+
+@dataclass(frozen=True)
+class _Site:
+    path: str
+    cls: str
+    where: str
+
+    def describe(self) -> str:
+        return f"module '{self.path}' ({self.cls}){self.where}" if self.path else "the model's forward"
+
+
+def _failure_site(exc: BaseException, model: nn.Module) -> _Site:
+    """The innermost user-code frame running inside one of the model's modules when ``exc`` was raised."""
     names = {id(m): n for n, m in model.named_modules()}
-    module_desc, line_desc = "", ""
+    site = _Site("", "", "")
     seen: set[int] = set()
     chain: BaseException | None = exc
     while chain is not None and id(chain) not in seen:
         seen.add(id(chain))
         tb: TracebackType | None = chain.__traceback__
         while tb is not None:
-            frame = tb.tb_frame
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, nn.Module) and id(owner) in names:
-                path = names[id(owner)] or "<root>"
-                module_desc = f"module '{path}' ({type(owner).__name__})"
-                src = linecache.getline(frame.f_code.co_filename, tb.tb_lineno).strip()
-                line_desc = f" at {frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} `{src}`"
+            frame, code = tb.tb_frame, tb.tb_frame.f_code
+            owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+            if isinstance(owner, nn.Module) and id(owner) in names and not code.co_filename.startswith(_TORCH_DIR):
+                src = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+                where = f" at {Path(code.co_filename).name}:{tb.tb_lineno} `{src}`"
+                site = _Site(names[id(owner)] or "<root>", type(owner).__name__, where)
             tb = tb.tb_next
         chain = chain.__cause__ or chain.__context__
-    return (module_desc + line_desc) if module_desc else "the model's top-level forward"
+    return site
 
 
 def _short(exc: BaseException) -> str:
@@ -142,6 +155,7 @@ def capture(
     order = ["export"] if frontend == "auto" and hf else (["fx", "export"] if frontend == "auto" else [frontend])
     notes: list[str] = []
     failures: list[str] = []
+    sites: list[_Site] = []
     was_training = model.training
     # Trace in train mode so every dropout probability is visible; normalization makes it switchable.
     model.train()
@@ -156,7 +170,9 @@ def capture(
                 else:
                     gm = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - reported with context below
-                failures.append(f"{name}: failed in {_failure_site(exc, model)}: {_short(exc)}")
+                site = _failure_site(exc, model)
+                sites.append(site)
+                failures.append(f"{name}: failed in {site.describe()}: {_short(exc)}")
                 continue
             if failures:
                 notes.append(f"fell back to {name} after " + "; ".join(failures))
@@ -166,7 +182,11 @@ def capture(
     finally:
         model.train(was_training)
 
-    hints = ["keep the failing module whole with leaf_modules=[ThatModule] (fx frontend)"]
+    leaf = next((x.cls for x in sites if x.path and x.path != "<root>"), "")
+    if leaf:
+        hints = [f"keep the failing module whole with leaf_modules=[{leaf}] (fx frontend)"]
+    else:
+        hints = ["the failure is in the top-level forward: make its control flow independent of tensor values"]
     if "export" not in order:
         hints.append("try frontend='export' with example_inputs")
     elif example is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -22,7 +22,7 @@ SCHEMA_VERSION = 1
 JSONScalar = str | int | float | bool | None
 
 
-class NodeKind(str, Enum):
+class NodeKind(StrEnum):
     """MASE IR node kinds."""
 
     MODULE_RELATED_FUNC = "module_related_func"
