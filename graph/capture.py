@@ -144,6 +144,10 @@ def capture(
     if bad_leaves:
         raise TypeError(f"leaf_modules must be nn.Module subclasses, got {bad_leaves}")
 
+    private = [getattr(f, "__name__", repr(f)) for f in leaf_functions if getattr(f, "__name__", "_").startswith("_")]
+    if private:
+        raise ValueError(f"leaf_functions {private}: torch.fx only wraps module-level functions whose name "
+                         "does not start with '_'")
     hf = is_hf_model(model)
     if hf_input_names is not None and not hf:
         raise ValueError("hf_input_names is only for HuggingFace models; pass example_inputs instead")

@@ -58,6 +58,11 @@ _BATCH_NORM = aten.batch_norm.default
 _DROPOUTS = {aten.dropout.default, F.dropout, torch.dropout}
 _SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention}
 _DROPPED = {aten._assert_tensor_metadata.default}
+# Parameter-free single-input modules: fx keeps them as call_module, export inlines them.
+_ACTIVATIONS: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softmax, nn.LogSoftmax, nn.LeakyReLU, nn.ELU,
+    nn.Hardtanh, nn.Mish, nn.Softplus,
+)
 
 
 def _innermost(node: fx.Node) -> tuple[str, str] | None:
@@ -115,7 +120,8 @@ def _replace_with_module(gm: fx.GraphModule, node: fx.Node, path: str, args: tup
     gm.graph.erase_node(node)
 
 
-def _owner_module(model: nn.Module, node: fx.Node, cls: type[nn.Module]) -> tuple[str, nn.Module] | None:
+def _owner_module(model: nn.Module, node: fx.Node,
+                  cls: type[nn.Module] | tuple[type[nn.Module], ...]) -> tuple[str, nn.Module] | None:
     site = _innermost(node)
     if site is None:
         return None
@@ -152,6 +158,28 @@ def _lift_layer(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
     _set_submodule(gm, path, module)
     _replace_with_module(gm, node, path, (node.args[spec.input_index],))
     return True
+
+
+def _invocation_sizes(graph: fx.Graph) -> dict[str, int]:
+    """How many call nodes each module invocation (innermost nn_module_stack key) produced."""
+    sizes: dict[str, int] = {}
+    for node in graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if node.op == "call_function" and stack:
+            key = list(stack)[-1]
+            sizes[key] = sizes.get(key, 0) + 1
+    return sizes
+
+
+def _lift_activation(gm: fx.GraphModule, model: nn.Module, node: fx.Node, sizes: dict[str, int]) -> None:
+    stack = node.meta.get("nn_module_stack")
+    owner = _owner_module(model, node, _ACTIVATIONS)
+    if owner is None or not stack or sizes.get(list(stack)[-1]) != 1 or not node.args:
+        return
+    if not isinstance(node.args[0], fx.Node):
+        return
+    _set_submodule(gm, owner[0], owner[1])
+    _replace_with_module(gm, node, owner[0], (node.args[0],))
 
 
 def _dropout_p(node: fx.Node) -> float:
@@ -193,6 +221,7 @@ def _lift_sdpa(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
 def normalize(gm: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
     """Rewrite ``gm`` (captured from ``model``) in place into the fxforge IR and return it."""
     graph = gm.graph
+    sizes = _invocation_sizes(graph)
     for node in list(graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             graph.erase_node(node)
@@ -204,6 +233,8 @@ def normalize(gm: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
             _lift_dropout(gm, model, node)
         elif node.op == "call_function" and node.target in _SDPA:
             _lift_sdpa(gm, model, node)
+        elif node.op == "call_function":
+            _lift_activation(gm, model, node, sizes)
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
     for node in list(graph.nodes):

