@@ -6,10 +6,9 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+import fxforge
 import pytest
 import torch.nn as nn
-
-import fxforge
 from fxforge import ForgeGraph, passes
 from fxforge.passes.base import PASSES, forge_pass
 
