@@ -1,0 +1,393 @@
+"""The allowlist of everything a checkpoint may name: call targets, module classes and pytree types.
+
+Loading a checkpoint resolves every string through this module and nothing else, so a checkpoint can
+only call torch ops, public tensor functions, ``operator`` arithmetic, Tensor methods, and functions,
+modules and pytree types that fxforge or the user registered here. Extending it (e.g. a LoRA or a
+quantized linear) is one call: :func:`register_module`, :func:`register_function`,
+:func:`register_op_namespace` or :func:`register_pytree_type`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import importlib
+import math
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+
+from .modules import ScaledDotProductAttention
+
+F_ = TypeVar("F_", bound=Callable[..., Any])
+M_ = TypeVar("M_", bound=nn.Module)
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOW = (
+    "register it with fxforge.graph.targets.{fn}(...) before saving and loading, if you trust it"
+)
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be written or read; the message names the file or target and the fix."""
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """How a module class is written and rebuilt: ``to_config`` → JSON dict → ``from_config``.
+
+    A container (both callables None) is rebuilt as ``cls()``; its children, parameters and buffers
+    are attached from the checkpoint.
+    """
+
+    name: str
+    cls: type[nn.Module]
+    to_config: Callable[[nn.Module], dict[str, Any]] | None = None
+    from_config: Callable[[dict[str, Any]], nn.Module] | None = None
+
+    @property
+    def container(self) -> bool:
+        return self.from_config is None
+
+
+# -- registries -------------------------------------------------------------------------------------
+_USER_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+_MODULES_BY_NAME: dict[str, ModuleSpec] = {}
+_MODULES_BY_CLASS: dict[type[nn.Module], ModuleSpec] = {}
+_OP_NAMESPACES: set[str] = {"aten", "prims", "fxforge"}
+_DENIED_OPS = frozenset({"from_file", "_nested_from_file"})  # aten ops that read files
+_PYTREE_TYPES: set[str] = {
+    "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
+    "collections.defaultdict", "collections.deque", "torch.Size",
+    "torch.fx.immutable_collections.immutable_dict", "torch.fx.immutable_collections.immutable_list",
+}
+_PYTREE_PREFIXES: tuple[str, ...] = ("transformers.",)
+
+# Tensor methods that leave the tensor world (numpy, storages), install callables or import by name.
+_DENIED_METHODS = frozenset({
+    "apply_", "map_", "map2_", "register_hook", "register_post_accumulate_grad_hook", "retain_grad",
+    "backward", "numpy", "storage", "untyped_storage", "storage_type", "share_memory_", "set_",
+    "record_stream", "module_load", "type", "pin_memory", "cuda", "xpu", "ipu", "mtia",
+})
+# Factories take no tensor, so torch.overrides does not list them; torch._assert is what fx emits for asserts.
+_FACTORIES = (
+    "arange", "zeros", "ones", "full", "eye", "empty", "empty_strided", "rand", "randn", "randint",
+    "randperm", "linspace", "logspace", "tensor", "as_tensor", "scalar_tensor", "zeros_like",
+    "ones_like", "full_like", "empty_like", "rand_like", "randn_like", "randint_like", "tril_indices",
+    "triu_indices", "complex", "polar", "_assert",
+)
+_F_EXTRAS = ("hardsigmoid", "hardswish", "sigmoid", "tanh", "relu_", "elu_", "celu_", "selu_",
+             "leaky_relu_", "hardtanh_", "rrelu_", "threshold_")
+_OPERATORS = (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "matmul", "getitem",
+    "setitem", "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "invert", "inv", "not_",
+    "lshift", "rshift", "truth", "contains", "concat", "index", "iadd", "isub", "imul", "itruediv",
+    "ifloordiv", "imod", "ipow", "imatmul", "iand", "ior", "ixor", "ilshift", "irshift",
+)
+_MATH = ("sqrt", "floor", "ceil", "trunc", "log", "exp", "pow", "isfinite", "isinf", "isnan")
+_DENIED_TORCH = frozenset({"autocast"})
+
+
+def register_function(fn: F_ | None = None, *, name: str | None = None) -> Any:
+    """Allow ``fn`` as a call_function target under ``name`` (default ``module.qualname``).
+
+    Usable as ``register_function(fn)`` or as a decorator (``@register_function`` /
+    ``@register_function(name=...)``); returns ``fn``.
+    """
+    def add(f: F_) -> F_:
+        key = name or f"{f.__module__}.{f.__qualname__}"
+        if _USER_FUNCTIONS.get(key, f) is not f:
+            raise ValueError(f"function name {key!r} is already registered for {_USER_FUNCTIONS[key]!r}")
+        _USER_FUNCTIONS[key] = f
+        _reverse_functions.cache_clear()
+        return f
+
+    return add if fn is None else add(fn)
+
+
+def register_module(
+    cls: type[M_],
+    to_config: Callable[[M_], dict[str, Any]] | None = None,
+    from_config: Callable[[dict[str, Any]], M_] | None = None,
+    *,
+    name: str | None = None,
+) -> ModuleSpec:
+    """Allow module class ``cls`` (exact type, not subclasses) in checkpoints.
+
+    ``to_config(module)`` returns the JSON constructor config; ``from_config(config)`` rebuilds the
+    module cheaply (it runs on the meta device; weights are loaded afterwards). Give neither for a
+    container built as ``cls()`` whose children and tensors come from the checkpoint.
+    """
+    if (to_config is None) != (from_config is None):
+        raise ValueError("give both to_config and from_config, or neither (a container)")
+    key = name or f"{cls.__module__}.{cls.__qualname__}"
+    spec = ModuleSpec(key, cls, to_config, from_config)  # type: ignore[arg-type]
+    old = _MODULES_BY_NAME.get(key)
+    if old is not None and old.cls is not cls:
+        raise ValueError(f"module name {key!r} is already registered for {old.cls!r}")
+    _MODULES_BY_NAME[key] = spec
+    _MODULES_BY_CLASS[cls] = spec
+    return spec
+
+
+def register_op_namespace(namespace: str) -> None:
+    """Allow every op of ``torch.ops.<namespace>`` (e.g. custom kernels registered with torch.library)."""
+    if not _IDENT.match(namespace):
+        raise ValueError(f"bad op namespace {namespace!r}")
+    _OP_NAMESPACES.add(namespace)
+
+
+def register_pytree_type(cls_or_name: type | str) -> None:
+    """Allow a pytree node type (already registered with torch.utils._pytree) in output specs."""
+    if isinstance(cls_or_name, str):
+        _PYTREE_TYPES.add(cls_or_name)
+        return
+    entry = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls_or_name)
+    type_name = entry.serialized_type_name if entry is not None else None
+    if not type_name or type_name == pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
+        raise ValueError(f"{cls_or_name!r} has no serialized_type_name: register it with torch's pytree first")
+    _PYTREE_TYPES.add(type_name)
+
+
+# -- functions --------------------------------------------------------------------------------------
+def tensor_methods() -> frozenset[str]:
+    """Method names allowed in call_method nodes: public Tensor methods minus the denied ones."""
+    return _tensor_methods()
+
+
+@functools.cache
+def _tensor_methods() -> frozenset[str]:
+    funcs = torch.overrides.get_overridable_functions().get(torch.Tensor, [])
+    names = {getattr(f, "__name__", "") for f in funcs}
+    return frozenset(
+        n for n in names if _IDENT.match(n) and not n.startswith("_") and n not in _DENIED_METHODS
+        and callable(getattr(torch.Tensor, n, None))
+    )
+
+
+@functools.cache
+def _builtin_functions() -> dict[str, Callable[..., Any]]:
+    """name → callable for torch's public tensor functions, operator, math and builtins.getattr."""
+    overridable = torch.overrides.get_overridable_functions()
+    table: dict[str, Callable[..., Any]] = {}
+    namespaces: tuple[tuple[str, Any, tuple[Any, ...]], ...] = (
+        ("torch.nn.functional", F, (F,)),
+        ("torch.fft", torch.fft, (torch.fft,)),
+        ("torch.linalg", torch.linalg, (torch.linalg,)),
+        ("torch.special", torch.special, (torch.special,)),
+        ("torch", torch, (torch, torch.functional)),
+    )
+    for prefix, namespace, keys in namespaces:
+        ids = {id(f) for key in keys for f in overridable.get(key, ())}
+        for attr in dir(namespace):
+            obj = getattr(namespace, attr, None)
+            if id(obj) in ids and attr not in _DENIED_TORCH and callable(obj):
+                table[f"{prefix}.{attr}"] = obj
+    for attr in _FACTORIES:
+        table[f"torch.{attr}"] = getattr(torch, attr)
+    for attr in _F_EXTRAS:
+        table[f"torch.nn.functional.{attr}"] = getattr(F, attr)
+    for attr in sorted(_tensor_methods()):
+        table[f"torch.Tensor.{attr}"] = getattr(torch.Tensor, attr)
+    for attr in _OPERATORS:
+        table[f"operator.{attr}"] = getattr(operator, attr)
+    for attr in _MATH:
+        table[f"math.{attr}"] = getattr(math, attr)
+    table["builtins.getattr"] = builtins.getattr
+    return table
+
+
+@functools.cache
+def _reverse_functions() -> dict[int, tuple[str, Callable[..., Any]]]:
+    out: dict[int, tuple[str, Callable[..., Any]]] = {}
+    for table in (_USER_FUNCTIONS, _builtin_functions()):
+        for key, fn in table.items():
+            out.setdefault(id(fn), (key, fn))
+    return out
+
+
+def _resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.OpOverloadPacket:
+    parts = name.split(".")
+    if len(parts) not in (4, 5) or parts[:2] != ["torch", "ops"] or not all(_IDENT.match(p) for p in parts[2:]):
+        raise CheckpointError(f"malformed op name {name!r}: expected torch.ops.<namespace>.<op>[.<overload>]")
+    namespace, op = parts[2:4]
+    if namespace not in _OP_NAMESPACES:
+        raise CheckpointError(
+            f"op namespace torch.ops.{namespace} (in {name!r}) is not allowed; "
+            + _HOW.format(fn="register_op_namespace")
+        )
+    if op in _DENIED_OPS:
+        raise CheckpointError(f"op {name!r} is not allowed in checkpoints")
+    packet = getattr(getattr(torch.ops, namespace), op, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        raise CheckpointError(f"op {name!r} does not exist in this torch build (or its library is not loaded)")
+    if len(parts) == 4:
+        return packet
+    if parts[4] not in packet.overloads():
+        raise CheckpointError(f"op {name!r}: no overload {parts[4]!r} in this torch build")
+    return getattr(packet, parts[4])
+
+
+def function_name(fn: Any) -> str:
+    """The checkpoint name of a call_function target; CheckpointError if it is not allowed."""
+    if isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        namespace, op = fn._qualified_op_name.split("::", 1) if isinstance(fn, torch._ops.OpOverloadPacket) \
+            else (fn.namespace, fn._opname)
+        name = f"torch.ops.{namespace}.{op}"
+        if isinstance(fn, torch._ops.OpOverload):
+            name += f".{fn._overloadname}"
+        if _resolve_op(name) is not fn:
+            raise CheckpointError(f"op {name!r} does not resolve back to {fn!r}")
+        return name
+    hit = _reverse_functions().get(id(fn))
+    if hit is not None and hit[1] is fn:
+        return hit[0]
+    label = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    raise CheckpointError(f"call target {label} is not in the checkpoint allowlist; "
+                          + _HOW.format(fn="register_function"))
+
+
+def resolve_function(name: str) -> Callable[..., Any]:
+    """The callable a checkpoint names; only allowlisted names resolve (nothing is imported)."""
+    if not isinstance(name, str):
+        raise CheckpointError(f"call target {name!r} is not a name")
+    if name.startswith("torch.ops."):
+        return _resolve_op(name)
+    fn = _USER_FUNCTIONS.get(name) or _builtin_functions().get(name)
+    if fn is None:
+        raise CheckpointError(f"call target {name!r} is not in the checkpoint allowlist; "
+                              + _HOW.format(fn="register_function"))
+    return fn
+
+
+def check_method(name: Any) -> str:
+    """Validate a call_method target: a public, allowed Tensor method name."""
+    if not isinstance(name, str) or name not in _tensor_methods():
+        raise CheckpointError(f"method {name!r} is not an allowed Tensor method for call_method nodes")
+    return name
+
+
+def check_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Argument rules for targets that need them: ``getattr`` only reads public attributes."""
+    if name == "builtins.getattr":
+        attr = args[1] if len(args) > 1 else None
+        if kwargs or len(args) not in (2, 3) or not isinstance(attr, str) or not _IDENT.match(attr) \
+                or attr.startswith("_"):
+            raise CheckpointError(f"getattr may only read public attributes given as a literal, got {attr!r}")
+
+
+# -- modules ----------------------------------------------------------------------------------------
+def module_spec_for(module: nn.Module) -> ModuleSpec:
+    """The spec of a module's exact class; CheckpointError if it is not registered."""
+    spec = _MODULES_BY_CLASS.get(type(module))
+    if spec is None:
+        cls = type(module)
+        raise CheckpointError(f"module class {cls.__module__}.{cls.__qualname__} is not in the checkpoint "
+                              "allowlist; " + _HOW.format(fn="register_module"))
+    return spec
+
+
+def resolve_module(name: Any) -> ModuleSpec:
+    """The spec registered under ``name``; CheckpointError for anything else."""
+    spec = _MODULES_BY_NAME.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise CheckpointError(f"module class {name!r} is not in the checkpoint allowlist; "
+                              + _HOW.format(fn="register_module"))
+    return spec
+
+
+def _simple(cls: type[nn.Module], *attrs: str, tuples: tuple[str, ...] = ()) -> None:
+    """Register ``cls`` whose constructor takes exactly ``attrs`` (read back from the instance)."""
+
+    def to_config(m: nn.Module) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for a in attrs:
+            if a == "bias":
+                out[a] = getattr(m, "bias", None) is not None or not getattr(m, "elementwise_affine", True)
+            else:
+                v = getattr(m, a)
+                out[a] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def from_config(config: dict[str, Any]) -> nn.Module:
+        kw = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in config.items()}
+        return cls(**kw)
+
+    register_module(cls, to_config, from_config, name=f"torch.nn.{cls.__name__}")
+
+
+_CONV = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias",
+         "padding_mode")
+_simple(nn.Linear, "in_features", "out_features", "bias")
+_simple(nn.Embedding, "num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type",
+        "scale_grad_by_freq", "sparse")
+_simple(nn.LayerNorm, "normalized_shape", "eps", "elementwise_affine", "bias", tuples=("normalized_shape",))
+_simple(nn.Conv1d, *_CONV, tuples=("kernel_size", "stride", "padding", "dilation"))
+_simple(nn.Conv2d, *_CONV, tuples=("kernel_size", "stride", "padding", "dilation"))
+_simple(nn.Dropout, "p", "inplace")
+_simple(nn.BatchNorm1d, "num_features", "eps", "momentum", "affine", "track_running_stats")
+_simple(nn.BatchNorm2d, "num_features", "eps", "momentum", "affine", "track_running_stats")
+_simple(nn.GroupNorm, "num_groups", "num_channels", "eps", "affine")
+_simple(nn.ReLU, "inplace")
+_simple(nn.SiLU, "inplace")
+_simple(nn.GELU, "approximate")
+_simple(nn.Softmax, "dim")
+_simple(nn.LogSoftmax, "dim")
+for _cls in (nn.Tanh, nn.Sigmoid, nn.Identity):
+    _simple(_cls)
+for _cls in (nn.Module, nn.ModuleList, nn.ModuleDict, nn.Sequential):
+    register_module(_cls, name=f"torch.nn.{_cls.__name__}")
+register_module(
+    ScaledDotProductAttention,
+    lambda m: {"dropout_p": m.dropout_p, "is_causal": m.is_causal, "scale": m.scale, "enable_gqa": m.enable_gqa},
+    lambda c: ScaledDotProductAttention(**c),
+    name="fxforge.ScaledDotProductAttention",
+)
+
+
+# -- pytree types -----------------------------------------------------------------------------------
+def check_pytree_type(name: Any) -> None:
+    """Allow a serialized pytree type name, importing ``transformers.*`` modules that define it."""
+    if not isinstance(name, str):
+        raise CheckpointError(f"pytree type {name!r} is not a name")
+    if name not in _PYTREE_TYPES and name != "collections.namedtuple":
+        prefix = next((p for p in _PYTREE_PREFIXES if name.startswith(p)), None)
+        module_name = name.rsplit(".", 1)[0]
+        if prefix is None or not module_name.startswith(prefix) \
+                or not all(_IDENT.match(p) for p in name.split(".")):
+            raise CheckpointError(f"pytree type {name!r} is not in the checkpoint allowlist; "
+                                  + _HOW.format(fn="register_pytree_type"))
+        if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            try:
+                importlib.import_module(module_name)
+            except ImportError as exc:
+                raise CheckpointError(f"pytree type {name!r}: cannot import {module_name}: {exc}") from exc
+    if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+        raise CheckpointError(f"pytree type {name!r} is not registered with torch.utils._pytree")
+
+
+def check_treespec_json(spec: Any) -> None:
+    """Walk a ``treespec_dumps`` payload and check every node type (and namedtuple context) name."""
+    if isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], int):
+        spec = spec[1]
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            raise CheckpointError("malformed pytree spec")
+        type_name = node.get("type")
+        if type_name is not None:
+            check_pytree_type(type_name)
+            if type_name == "collections.namedtuple":
+                context = node.get("context")
+                if context not in _PYTREE_TYPES:
+                    raise CheckpointError(f"namedtuple {context!r} is not in the checkpoint allowlist; "
+                                          + _HOW.format(fn="register_pytree_type"))
+        stack.extend(node.get("children_spec") or [])
