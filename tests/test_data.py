@@ -1,0 +1,115 @@
+"""fxforge.data: the offline review split, tokenized datasets, and get_trainer on a model and a graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from fxforge.data import (
+    TokenizedSplit,
+    get_tokenized_dataset,
+    get_trainer,
+    load_reviews,
+    normalize_text,
+)
+from fxforge.models.bert import tiny_bert
+
+
+@pytest.fixture(scope="module")
+def imdb() -> dict[str, list]:
+    return load_reviews("imdb")
+
+
+def test_imdb_split_is_disjoint_deduplicated_and_fixed(imdb: dict[str, list]) -> None:
+    train = {normalize_text(r.text) for r in imdb["train"]}
+    test = {normalize_text(r.text) for r in imdb["test"]}
+    assert not train & test
+    assert len(train) == len(imdb["train"]) and len(test) == len(imdb["test"])  # no duplicates inside
+    total = len(train) + len(test)
+    assert 24_800 < total < 25_000  # 25k reviews minus exact duplicates
+    assert 0.18 < len(test) / total < 0.22
+    assert [r.digest for r in imdb["test"]] == sorted(r.digest for r in imdb["test"])
+    assert all(int(r.digest, 16) % 5 == 0 for r in imdb["test"])
+    assert all(int(r.digest, 16) % 5 != 0 for r in imdb["train"])
+    first = [r.label for r in imdb["train"][:1000]]
+    assert 400 < sum(first) < 600  # the hash order mixes labels, so prefixes are roughly balanced
+
+
+def test_rotten_tomatoes_split_is_disjoint() -> None:
+    rt = load_reviews("rotten_tomatoes")
+    train = {normalize_text(r.text) for r in rt["train"]}
+    test = {normalize_text(r.text) for r in rt["test"]}
+    assert not train & test and 8_000 < len(train) + len(test) <= 8_530
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_reviews("sst2")
+
+
+def test_normalize_text() -> None:
+    assert normalize_text("  A  Great\n\tMOVIE ") == "a great movie"
+    assert normalize_text("ﬁne") == "fine"  # NFKC
+
+
+def test_get_tokenized_dataset_offline(capsys: pytest.CaptureFixture[str]) -> None:
+    ds, tok = get_tokenized_dataset("imdb", checkpoint="bert-base-uncased", return_tokenizer=True,
+                                    max_length=24, limit=10, test_limit=6)
+    assert "falling back to the offline MiniLM tokenizer" in capsys.readouterr().out
+    assert len(ds["train"]) == 10 and len(ds["test"]) == 6
+    item = ds["train"][0]
+    assert {"input_ids", "attention_mask", "labels"} <= set(item)
+    assert len(item["input_ids"]) <= 24 and item["input_ids"][0] == tok.cls_token_id
+    assert item["labels"] in (0, 1)
+    assert isinstance(ds["test"], TokenizedSplit) and "text" in ds["test"].column_names
+    only = get_tokenized_dataset("rotten_tomatoes", checkpoint="minilm", limit=4)
+    assert len(only["train"]) == len(only["test"]) == 4
+    with pytest.raises(ValueError, match="limit"):
+        get_tokenized_dataset("imdb", limit=0)
+    with pytest.raises(ValueError, match="unknown dataset"):
+        get_tokenized_dataset("mnist")
+
+
+@pytest.fixture(scope="module")
+def tiny_data() -> tuple[dict, object]:
+    return get_tokenized_dataset("imdb", checkpoint="minilm", return_tokenizer=True, max_length=16, limit=8)
+
+
+def test_get_trainer_runs_a_step_on_tiny_bert(tiny_data: tuple[dict, object], tmp_path: Path) -> None:
+    ds, tok = tiny_data
+    model = tiny_bert()
+    before = model.classifier.weight.detach().clone()
+    trainer = get_trainer(model, ds, tok, output_dir=str(tmp_path), max_steps=1,
+                          per_device_train_batch_size=4, use_cpu=True, report_to=[])
+    out = trainer.train()
+    assert out.global_step == 1
+    assert not torch.equal(before, model.classifier.weight)
+    metrics = trainer.evaluate()
+    assert 0.0 <= metrics["eval_accuracy"] <= 1.0 and "eval_loss" in metrics
+
+
+def test_get_trainer_runs_a_step_on_an_exported_graph(tiny_data: tuple[dict, object], tmp_path: Path) -> None:
+    ds, tok = tiny_data
+    model = tiny_bert()
+    kwargs = {"input_ids": torch.randint(0, 1000, (4, 16)), "attention_mask": torch.ones(4, 16, dtype=torch.long),
+              "labels": torch.zeros(4, dtype=torch.long)}
+    gm = torch.export.export(model, (), kwargs).module()
+    assert isinstance(gm, torch.fx.GraphModule)
+    params = dict(gm.named_parameters())
+    name = next(n for n in params if n.endswith("classifier.weight"))
+    before = params[name].detach().clone()
+    trainer = get_trainer(gm, ds, tok, output_dir=str(tmp_path), max_steps=1, report_to=[])
+    assert trainer.args.per_device_train_batch_size == 4  # taken from the captured static shape
+    assert trainer.train().global_step == 1
+    assert not torch.equal(before, params[name])
+    assert 0.0 <= trainer.evaluate()["eval_accuracy"] <= 1.0
+    with pytest.raises(ValueError, match="specialised to batch 4"):
+        get_trainer(gm, ds, tok, output_dir=str(tmp_path), per_device_train_batch_size=8)
+
+
+def test_get_trainer_validates(tiny_data: tuple[dict, object], tmp_path: Path) -> None:
+    ds, tok = tiny_data
+    with pytest.raises(ValueError, match="evaluate_metric"):
+        get_trainer(tiny_bert(), ds, tok, evaluate_metric="bleu", output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="test"):
+        get_trainer(tiny_bert(), {"train": ds["train"]}, tok, output_dir=str(tmp_path))
+    with pytest.raises(TypeError):
+        get_trainer("model", ds, tok, output_dir=str(tmp_path))  # type: ignore[arg-type]
