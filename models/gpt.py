@@ -1,7 +1,7 @@
 """A small GPT with a pluggable token mixer: causal rotary self-attention or AFNO (see ``models/afno.py``).
 
-Pre-LayerNorm blocks ``x = x + s * mixer(ln1(x)); x = x + s * mlp(ln2(x))`` with ``s = mixer_scale``
-(default ``1 / sqrt(2 * n_layer)``). The model returns logits only: the loss (:func:`lm_loss`) and the
+Pre-LayerNorm blocks ``x = x + s * mixer(ln1(x)); x = x + mlp(ln2(x))`` where ``s = mixer_scale`` scales
+only the token-mixer branch (default ``1 / sqrt(2 * n_layer)``, like ``attn_scale`` in modded-nanogpt). The model returns logits only: the loss (:func:`lm_loss`) and the
 optimizer parameter groups (:func:`param_groups`) live outside it so that graph passes see a pure forward.
 The forward pass avoids data-dependent Python control flow, so ``torch.fx.symbolic_trace`` and
 ``torch.export.export`` both capture it.
@@ -58,7 +58,7 @@ class GPTConfig:
 
     @property
     def resolved_mixer_scale(self) -> float:
-        """The residual-branch scale: ``mixer_scale`` if set, else ``1 / sqrt(2 * n_layer)``."""
+        """Scale of the mixer branch: ``mixer_scale`` if set, else ``1 / sqrt(2 * n_layer)``."""
         return self.mixer_scale if self.mixer_scale is not None else 1.0 / math.sqrt(2 * self.n_layer)
 
 
@@ -148,7 +148,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.mixer_scale * self.mixer(self.ln1(x))
-        return x + self.mixer_scale * self.mlp(self.ln2(x))
+        return x + self.mlp(self.ln2(x))
 
 
 class GPT(nn.Module):

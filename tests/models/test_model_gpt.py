@@ -133,3 +133,12 @@ def test_config_validation() -> None:
         GPTConfig(n_layer=0)
     with pytest.raises(ValueError, match="afno_causality"):
         GPTConfig(afno_causality="sometimes")
+
+
+def test_mixer_scale_scales_only_the_mixer_branch() -> None:
+    block = make("attn", mixer_scale=0.0).blocks[0]
+    x = torch.randn(2, 8, 32)
+    torch.testing.assert_close(block(x), x + block.mlp(block.ln2(x)))
+    block.mixer_scale = 0.5
+    h = x + 0.5 * block.mixer(block.ln1(x))
+    torch.testing.assert_close(block(x), h + block.mlp(block.ln2(h)))
