@@ -22,7 +22,7 @@ from transformers import (
 )
 
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-_MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", MINILM_NAME}
+_MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", MINILM_NAME.lower()}
 
 
 def minilm_path() -> Path:

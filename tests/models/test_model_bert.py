@@ -52,3 +52,9 @@ def test_unreachable_checkpoint_falls_back_to_minilm(capsys: pytest.CaptureFixtu
     printed = capsys.readouterr().out
     assert printed.count("falling back to the offline MiniLM") == 2
     assert model.config.hidden_size == 384 and tok.vocab_size == 30522
+
+
+def test_minilm_names_load_offline_without_a_notice(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("sentence-transformers/all-MiniLM-L6-v2", "minilm", "all-MiniLM-L6-v2"):
+        assert load_tokenizer(name).vocab_size == 30522
+    assert "falling back" not in capsys.readouterr().out
