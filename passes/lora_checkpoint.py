@@ -1,0 +1,228 @@
+"""Adapter-only LoRA checkpoints: just the adapters (and other trained parameters), applied to a fresh base.
+
+A checkpoint is a directory::
+
+    adapter_config.json          per adapted layer: name, shape, rank/alpha/dropout/init, base SHA-256;
+                                 names of the extra trained parameters (e.g. the classifier head)
+    adapter_weights.safetensors  ``<layer>.lora_A``, ``<layer>.lora_B`` and the extra parameters
+    manifest.json                SHA-256 and size of both files
+
+``load_lora_adapters(fresh_graph, path)`` verifies the manifest, checks every adapted layer exists in
+the graph with the same shape (and, by default, the same base weights the adapters were trained on),
+then inserts adapters with the saved configuration and loads the weights with strict name and shape
+matching. Everything is checked before the graph is touched. No pickle, no ``torch.load``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+import torch.nn as nn
+
+from ..graph.forge_graph import ForgeGraph
+from ..graph.targets import CheckpointError
+from .transform.lora import LoraLinear, check_lora_hparams, insert_lora_adapter_transform_pass, lora_layers
+
+FORMAT = "fxforge-lora-adapter"
+SCHEMA_VERSION = 1
+CONFIG, WEIGHTS, MANIFEST = "adapter_config.json", "adapter_weights.safetensors", "manifest.json"
+_LAYER_KEYS = ("name", "in_features", "out_features", "bias", "rank", "alpha", "dropout", "init", "base_sha256")
+
+
+class LoraCheckpointError(CheckpointError):
+    """An adapter checkpoint cannot be written, read or applied; the message names the file or layer."""
+
+
+def base_fingerprint(module: nn.Linear) -> str:
+    """SHA-256 of a Linear's weight (and bias) bytes, dtype and shape: identifies the base an adapter fits."""
+    h = hashlib.sha256()
+    for t in (module.weight, module.bias):
+        if t is not None:
+            t = t.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _sha(data: bytes) -> dict[str, Any]:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def save_lora_adapters(graph: ForgeGraph, path: str | Path, include_trainable: bool = True) -> Path:
+    """Write the graph's LoRA adapters (+ every other trainable parameter if ``include_trainable``)."""
+    gm = graph.model
+    layers = lora_layers(gm)
+    if not layers:
+        raise LoraCheckpointError("the graph has no LoRA adapters to save: run insert_lora_adapter_transform_pass "
+                                  "first (or save the fused graph with graph.export)")
+    tensors: dict[str, torch.Tensor] = {}
+    entries: list[dict[str, Any]] = []
+    owned: set[int] = set()
+    for _, name, m in layers:
+        if any(e["name"] == name for e in entries):
+            continue
+        tensors[f"{name}.lora_A"] = m.lora_A.detach().cpu().contiguous().clone()
+        tensors[f"{name}.lora_B"] = m.lora_B.detach().cpu().contiguous().clone()
+        owned.update((id(m.lora_A), id(m.lora_B)))
+        entries.append({"name": name, "in_features": m.in_features, "out_features": m.out_features,
+                        "bias": m.base.bias is not None, "rank": m.rank, "alpha": m.alpha, "dropout": m.dropout_p,
+                        "init": m.init, "base_sha256": base_fingerprint(m.base)})
+    extras: list[str] = []
+    if include_trainable:
+        for pname, p in gm.named_parameters():
+            if p.requires_grad and id(p) not in owned:
+                tensors[pname] = p.detach().cpu().contiguous().clone()
+                extras.append(pname)
+    config = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "layers": entries, "extras": extras,
+              "history": [r.to_json() for r in graph.history]}
+    files = {CONFIG: json.dumps(config, indent=1, sort_keys=True).encode(),
+             WEIGHTS: safetensors.torch.save(tensors, metadata={"format": "pt"})}
+    manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "files": {k: _sha(v) for k, v in files.items()}}
+    files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    for fname, data in files.items():  # write-then-rename so a crash never leaves a half-written file
+        with tempfile.NamedTemporaryFile(dir=root, prefix=f".{fname}.", delete=False) as tmp:
+            tmp.write(data)
+        Path(tmp.name).replace(root / fname)
+    return root
+
+
+def _read(root: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Verify the manifest, then parse the config and weights (nothing is parsed before its hash matches)."""
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise LoraCheckpointError(f"{mpath}: missing; {root} is not an fxforge LoRA adapter checkpoint")
+    try:
+        manifest = json.loads(mpath.read_bytes())
+        listed = manifest["files"]
+        if manifest.get("format") != FORMAT or not isinstance(listed, dict):
+            raise ValueError("not an fxforge LoRA adapter manifest")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LoraCheckpointError(f"{mpath}: unreadable manifest ({exc})") from None
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise LoraCheckpointError(f"{mpath}: schema version {manifest.get('schema_version')!r} is not supported "
+                                  f"(this fxforge reads {SCHEMA_VERSION})")
+    if set(listed) != {CONFIG, WEIGHTS}:
+        raise LoraCheckpointError(f"{mpath}: must list exactly {[CONFIG, WEIGHTS]}, lists {sorted(listed)}")
+    payloads: dict[str, bytes] = {}
+    for fname in (CONFIG, WEIGHTS):
+        fpath = root / fname
+        if not fpath.is_file():
+            raise LoraCheckpointError(f"{fpath}: missing (listed in {MANIFEST})")
+        data = fpath.read_bytes()
+        if not isinstance(listed[fname], dict) or _sha(data) != {k: listed[fname].get(k) for k in ("sha256", "size")}:
+            raise LoraCheckpointError(f"{fpath}: size/SHA-256 does not match {MANIFEST}; the file is corrupt or "
+                                      "was modified after saving")
+        payloads[fname] = data
+    try:
+        config = json.loads(payloads[CONFIG])
+    except ValueError as exc:
+        raise LoraCheckpointError(f"{root / CONFIG}: invalid JSON ({exc})") from None
+    try:
+        weights = safetensors.torch.load(payloads[WEIGHTS])
+    except Exception as exc:
+        raise LoraCheckpointError(f"{root / WEIGHTS}: unreadable safetensors file ({exc})") from None
+    return config, weights
+
+
+def _check_config(config: Any, where: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    if not isinstance(config, Mapping) or config.get("format") != FORMAT \
+            or config.get("schema_version") != SCHEMA_VERSION:
+        raise LoraCheckpointError(f"{where}: not an fxforge LoRA adapter config of schema {SCHEMA_VERSION}")
+    layers, extras = config.get("layers"), config.get("extras")
+    if not isinstance(layers, list) or not layers or not isinstance(extras, list) \
+            or not all(isinstance(e, str) for e in extras):
+        raise LoraCheckpointError(f"{where}: 'layers' must be a non-empty list and 'extras' a list of names")
+    for entry in layers:
+        if not isinstance(entry, Mapping) or sorted(entry) != sorted(_LAYER_KEYS) \
+                or not isinstance(entry["name"], str):
+            raise LoraCheckpointError(f"{where}: each layer needs exactly the keys {list(_LAYER_KEYS)}")
+        try:
+            check_lora_hparams(entry["rank"], entry["alpha"], entry["dropout"], entry["init"])
+        except ValueError as exc:
+            raise LoraCheckpointError(f"{where}: layer {entry['name']!r}: {exc}") from None
+    return layers, extras
+
+
+def load_lora_adapters(graph: ForgeGraph, path: str | Path,
+                       check_base: bool = True) -> tuple[ForgeGraph, dict[str, Any]]:
+    """Insert the saved adapters into ``graph`` (a freshly captured base) and load their weights.
+
+    Strict: every saved layer must exist as an nn.Linear call_module of the same shape, every saved
+    tensor must find its parameter (same shape and dtype) and vice versa. With ``check_base`` the base
+    weights must be the ones the adapters were trained on (SHA-256). Trainable state is restored:
+    adapters and the saved extras trainable, everything else frozen. info = {"adapted", "extras"}.
+    """
+    root = Path(path)
+    config, weights = _read(root)
+    layers, extras = _check_config(config, root / CONFIG)
+    gm = graph.model
+    nodes = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+    extra_set = set(extras)
+    problems: list[str] = []
+    for e in layers:
+        name = e["name"]
+        module = gm.get_submodule(name) if name in nodes else None
+        if isinstance(module, LoraLinear):
+            problems.append(f"{name}: already has a LoRA adapter")
+        elif not isinstance(module, nn.Linear):
+            problems.append(f"{name}: no nn.Linear layer of that name in the graph")
+        elif (module.in_features, module.out_features, module.bias is not None) != \
+                (e["in_features"], e["out_features"], e["bias"]):
+            problems.append(f"{name}: shape ({module.in_features}->{module.out_features}, bias "
+                            f"{module.bias is not None}) differs from the adapter's ({e['in_features']}->"
+                            f"{e['out_features']}, bias {e['bias']})")
+        elif check_base and f"{name}.weight" not in extra_set and base_fingerprint(module) != e["base_sha256"]:
+            problems.append(f"{name}: base weights differ from those the adapter was trained on "
+                            "(load_lora_adapters(..., check_base=False) to apply it anyway)")
+    if problems:
+        raise LoraCheckpointError(f"{root}: cannot apply the adapters to this graph: " + "; ".join(problems[:5])
+                                  + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
+    expected = {f"{e['name']}.{p}" for e in layers for p in ("lora_A", "lora_B")} | extra_set
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise LoraCheckpointError(f"{root / WEIGHTS}: tensors do not match {CONFIG}: missing {missing[:5]}, "
+                                  f"unexpected {unexpected[:5]}")
+    params = dict(gm.named_parameters())
+    wanted: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    for e in layers:
+        dtype = gm.get_submodule(e["name"]).weight.dtype
+        wanted[f"{e['name']}.lora_A"] = ((e["rank"], e["in_features"]), dtype)
+        wanted[f"{e['name']}.lora_B"] = ((e["out_features"], e["rank"]), dtype)
+    for pname in extras:
+        if pname in params:
+            wanted[pname] = (tuple(params[pname].shape), params[pname].dtype)
+        elif not any(pname.startswith(e["name"] + ".base.") for e in layers):
+            raise LoraCheckpointError(f"{root / WEIGHTS}: the graph has no parameter {pname!r}")
+    for key, (shape, dtype) in wanted.items():
+        if (tuple(weights[key].shape), weights[key].dtype) != (shape, dtype):
+            raise LoraCheckpointError(f"{root / WEIGHTS}: {key!r} is {tuple(weights[key].shape)} {weights[key].dtype}, "
+                                      f"the graph expects {shape} {dtype}")
+
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for e in layers:
+        groups.setdefault((e["rank"], float(e["alpha"]), float(e["dropout"]), e["init"]), []).append(e["name"])
+    for i, ((rank, alpha, dropout, init), names) in enumerate(groups.items()):
+        insert_lora_adapter_transform_pass(graph, {
+            "rank": rank, "alpha": alpha, "dropout": dropout, "init": init, "freeze_rest": i == 0,
+            "targets": {"regex": [re.escape(n) for n in names]}})
+    params = dict(gm.named_parameters())
+    with torch.no_grad():
+        for key, value in weights.items():
+            p = params.get(key)
+            if p is None or p.shape != value.shape or p.dtype != value.dtype:
+                raise LoraCheckpointError(f"{root / WEIGHTS}: {key!r} ({tuple(value.shape)}, {value.dtype}) does "
+                                          f"not fit the graph's parameter "
+                                          f"{None if p is None else (tuple(p.shape), p.dtype)}")
+            p.copy_(value)
+            p.requires_grad_(True)
+    return graph, {"adapted": [e["name"] for e in layers], "extras": extras}

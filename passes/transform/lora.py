@@ -1,0 +1,312 @@
+"""LoRA: insert low-rank adapters into a graph's nn.Linear layers, train them, fuse them back.
+
+``insert_lora_adapter_transform_pass(mg, {"rank": 6, "alpha": 1.0, "dropout": 0.5})`` (MASE tutorial 2)
+replaces each selected ``nn.Linear`` behind a call_module node by :class:`LoraLinear`, which keeps the
+layer -- weight **and bias**, frozen -- and adds ``scaling * B @ A`` with ``scaling = alpha / rank``.
+A is kaiming-uniform (as PEFT and loralib) and B is zero, so inserting adapters does not change the
+model's outputs. ``fuse_lora_weights_transform_pass(mg)`` merges ``W + scaling * B @ A`` into a new
+plain ``nn.Linear`` per layer (the same arithmetic as PEFT's ``merge_and_unload``).
+
+Defaults (documented choices):
+
+* ``targets``: every ``nn.Linear`` of the graph (MASE parity; for BERT that is query/key/value/dense,
+  the pooler and the classifier). A selector narrows it; LoRA candidates are always nn.Linear layers,
+  so ``{"regex": r".*attention.*"}`` adapts the attention's linears and ignores its dropout. A selected
+  non-Linear layer is listed in ``info["skipped"]``; when no Linear is selected the pass fails.
+* ``trainable`` (PEFT's ``modules_to_save``): modules kept fully trainable, e.g. a freshly initialised
+  classifier head ``{"name": "classifier"}``. Linear layers inside them get no adapter.
+* ``freeze_rest=True``: every parameter that is neither an adapter nor in ``trainable`` is frozen
+  (embeddings, LayerNorms, biases...), as in PEFT. Adapted layers' own weight and bias are always frozen.
+
+The graph shares its leaf layers with the captured model, so (as with PEFT) freezing also clears
+``requires_grad`` on that model's parameters; fusion builds new Linear layers and never writes to them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...graph import targets as checkpoint_targets
+from ...graph.forge_graph import ForgeGraph
+from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
+from ..base import forge_pass
+from ..select import Selector
+from .freeze import select_modules
+from .inject import NoMatchError, inject_modules, set_module
+
+LoraInit = Literal["kaiming", "gaussian"]
+LORA_INITS: tuple[str, ...] = ("kaiming", "gaussian")
+DEFAULT_TARGETS: dict[str, Any] = {"type": "linear"}
+
+
+class LoraError(ValueError):
+    """LoRA cannot be applied as asked (adapter already present, nothing to fuse, ...)."""
+
+
+def check_lora_hparams(rank: Any, alpha: Any, dropout: Any, init: Any = "kaiming") -> None:
+    """Validate LoRA hyper-parameters; ValueError naming the key and the allowed values."""
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        raise ValueError(f"'rank' must be a positive int (the adapter's bottleneck width), got {rank!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"'alpha' must be a finite number > 0 (scaling = alpha / rank), got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"'dropout' must be a probability in [0, 1), got {dropout!r}")
+    if init not in LORA_INITS:
+        raise ValueError(f"'init' must be one of {list(LORA_INITS)}, got {init!r}")
+
+
+class LoraLinear(nn.Module):
+    """``base(x) + scaling * B(A(dropout(x)))`` around a frozen ``nn.Linear`` (its bias included).
+
+    ``lora_A`` is ``(rank, in_features)``, ``lora_B`` is ``(out_features, rank)`` and starts at zero,
+    so a fresh adapter is an exact no-op. ``lora_dropout`` only acts in train mode.
+    """
+
+    fxforge_op = "lora_linear"
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0,
+                 init: LoraInit = "kaiming") -> None:
+        super().__init__()
+        if not isinstance(base, nn.Linear):
+            raise TypeError(f"LoraLinear wraps an nn.Linear, got {type(base).__name__}")
+        check_lora_hparams(rank, alpha, dropout, init)
+        self.base = base
+        self.rank, self.alpha, self.dropout_p, self.init = rank, float(alpha), float(dropout), init
+        self.scaling = self.alpha / rank
+        w = base.weight
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, dtype=w.dtype, device=w.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=w.dtype, device=w.device))
+        self.lora_dropout: nn.Module = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.reset_lora_parameters()
+        for p in base.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    def reset_lora_parameters(self) -> None:
+        """A as PEFT/loralib (kaiming-uniform, a=sqrt(5); or normal with std 1/rank), B = 0."""
+        with torch.no_grad():
+            if self.init == "kaiming":
+                nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+            else:
+                nn.init.normal_(self.lora_A, std=1.0 / self.rank)
+            nn.init.zeros_(self.lora_B)
+
+    def delta_weight(self) -> torch.Tensor:
+        """``(B @ A) * scaling``: what fusion adds to the base weight (PEFT's ``get_delta_weight``)."""
+        return (self.lora_B @ self.lora_A) * self.scaling
+
+    def merged_weight(self) -> torch.Tensor:
+        """The fused weight ``W + (B @ A) * scaling`` (detached)."""
+        with torch.no_grad():
+            return self.base.weight + self.delta_weight()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Scale the rank-wide activation (rank << out_features) instead of the output: fewer flops.
+        low = F.linear(self.lora_dropout(x), self.lora_A) * self.scaling
+        return self.base(x) + F.linear(low, self.lora_B)
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, alpha={self.alpha:g}, scaling={self.scaling:g}, dropout={self.dropout_p:g}"
+
+
+def _lora_config(m: LoraLinear) -> dict[str, Any]:
+    return {"in_features": m.in_features, "out_features": m.out_features, "bias": m.base.bias is not None,
+            "rank": m.rank, "alpha": m.alpha, "dropout": m.dropout_p, "init": m.init}
+
+
+def _lora_from_config(c: dict[str, Any]) -> LoraLinear:
+    base = nn.Linear(int(c["in_features"]), int(c["out_features"]), bias=bool(c["bias"]))
+    return LoraLinear(base, int(c["rank"]), float(c["alpha"]), float(c["dropout"]), str(c.get("init", "kaiming")))
+
+
+checkpoint_targets.register_module(LoraLinear, _lora_config, _lora_from_config, name="fxforge.LoraLinear")
+
+
+@register_record("software.lora")
+@dataclass
+class LoraRecord(MetaRecord):
+    """LoRA adapter of a call_module node (software metadata)."""
+
+    rank: int = 0
+    alpha: float = 0.0
+    scaling: float = 0.0
+    dropout: float = 0.0
+    init: str = "kaiming"
+    in_features: int = 0
+    out_features: int = 0
+
+
+def lora_layers(gm: fx.GraphModule) -> list[tuple[fx.Node, str, LoraLinear]]:
+    """(node, path, module) of every call_module node whose module is a LoraLinear."""
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            module = gm.get_submodule(str(node.target))
+            if isinstance(module, LoraLinear):
+                out.append((node, str(node.target), module))
+    return out
+
+
+def _class_path(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class LoraArgs:
+    """rank, alpha (scaling = alpha/rank), dropout (on the adapter's input), targets/exclude (selectors
+    over nn.Linear layers; default every Linear), trainable (modules kept fully trainable, PEFT's
+    modules_to_save), init ('kaiming' | 'gaussian' for A), freeze_rest (freeze all other parameters)."""
+
+    rank: int = 8
+    alpha: float = 8.0
+    dropout: float = 0.0
+    targets: Any = None
+    exclude: Any = None
+    trainable: Any = None
+    init: LoraInit = "kaiming"
+    freeze_rest: bool = True
+
+    def __post_init__(self) -> None:
+        check_lora_hparams(self.rank, self.alpha, self.dropout, self.init)
+        for key in ("targets", "exclude", "trainable"):
+            try:
+                Selector.parse(getattr(self, key))
+            except ValueError as exc:
+                raise ValueError(f"'{key}': {exc}") from None
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r + ".") for r in roots)
+
+
+@forge_pass("transform", LoraArgs)
+def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+    """Wrap each selected nn.Linear in a LoraLinear; outputs are unchanged (B = 0) until training.
+
+    info = {"adapted": [paths], "skipped": [(path, type)], "trainable_modules": [paths], "scaling",
+    "trainable", "total", "trainable_percent"}. Errors: a selected layer that already has an adapter,
+    no Linear selected (the message lists candidates).
+    """
+    gm = graph.model
+    targets = DEFAULT_TARGETS if args.targets is None else args.targets
+    include, skip = Selector.parse(targets), Selector.parse(args.exclude)
+    again = [path for _, path, m in lora_layers(gm)
+             if include.matches(path, m.base, "linear") and not skip.matches(path, m.base, "linear")]
+    if again:
+        raise LoraError(f"layer(s) {again[:4]}{' ...' if len(again) > 4 else ''} already have a LoRA adapter; "
+                        "inserting twice is an error: fuse first, or exclude them")
+    keep = [] if args.trainable is None else [p for p, _ in select_modules(gm, args.trainable)]
+    if args.trainable is not None and not keep:
+        raise NoMatchError(f"'trainable' selector {args.trainable!r} matched no module")
+    exclude = [args.exclude, lambda name, module, op: _inside(name, keep)] if keep else args.exclude
+    skipped: list[tuple[str, str]] = []
+
+    def build(name: str, module: nn.Module) -> nn.Module | None:
+        if not isinstance(module, nn.Linear):
+            skipped.append((name, type(module).__name__))
+            return None
+        lora = LoraLinear(module, args.rank, args.alpha, args.dropout, args.init)
+        return lora.train(module.training)  # a new module is in train mode: follow the layer it replaces
+
+    done = inject_modules(gm, targets, exclude, build, what="nn.Linear layer for LoRA")
+    adapted = [d.name for d in done]
+    if args.freeze_rest:
+        for p in gm.parameters():
+            p.requires_grad_(False)
+    for path in adapted:
+        module = gm.get_submodule(path)
+        module.lora_A.requires_grad_(True)
+        module.lora_B.requires_grad_(True)
+    for path in keep:
+        for p in gm.get_submodule(path).parameters():
+            p.requires_grad_(True)
+    for node, path, module in lora_layers(gm):
+        if path in adapted and has_meta(node):
+            meta = get_meta(node)
+            meta.common.module_type = _class_path(module)
+            meta.software.set(LoraRecord(rank=module.rank, alpha=module.alpha, scaling=module.scaling,
+                                         dropout=module.dropout_p, init=module.init,
+                                         in_features=module.in_features, out_features=module.out_features))
+    trainable = sum(p.numel() for p in gm.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in gm.parameters())
+    return graph, {"adapted": adapted, "skipped": skipped, "trainable_modules": keep,
+                   "scaling": args.alpha / args.rank, "trainable": trainable, "total": total,
+                   "trainable_percent": 100.0 * trainable / total if total else 0.0}
+
+
+@dataclass(frozen=True)
+class FuseLoraArgs:
+    """targets/exclude: which adapted layers to fuse (selectors as for insertion; default all)."""
+
+    targets: Any = None
+    exclude: Any = None
+
+    def __post_init__(self) -> None:
+        for key in ("targets", "exclude"):
+            try:
+                Selector.parse(getattr(self, key))
+            except ValueError as exc:
+                raise ValueError(f"'{key}': {exc}") from None
+
+
+def fused_linear(module: LoraLinear) -> nn.Linear:
+    """A new nn.Linear with weight ``W + (B @ A) * scaling`` and the base's bias (copied, not shared)."""
+    base = module.base
+    new = nn.Linear(module.in_features, module.out_features, bias=base.bias is not None,
+                    device=base.weight.device, dtype=base.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(module.merged_weight())
+        if base.bias is not None:
+            new.bias.copy_(base.bias)
+    new.weight.requires_grad_(base.weight.requires_grad)
+    if base.bias is not None:
+        new.bias.requires_grad_(base.bias.requires_grad)
+    new.train(base.training)
+    return new
+
+
+@forge_pass("transform", FuseLoraArgs)
+def fuse_lora_weights_transform_pass(graph: ForgeGraph, args: FuseLoraArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+    """Merge each selected adapter into its layer and replace the LoraLinear by a plain nn.Linear.
+
+    Eval outputs are unchanged up to float rounding; the fused graph costs what the base model costs.
+    The new Linear keeps the base's requires_grad flags (frozen after LoRA training). info = {"fused": [paths]}.
+    """
+    gm = graph.model
+    layers = lora_layers(gm)
+    if not layers:
+        raise LoraError("the graph has no LoRA adapters to fuse: run insert_lora_adapter_transform_pass first")
+    include = Selector.parse(DEFAULT_TARGETS if args.targets is None else args.targets)
+    skip = Selector.parse(args.exclude)
+    fused: list[str] = []
+    for _, path, module in layers:
+        if path in fused or not include.matches(path, module.base, "linear") \
+                or skip.matches(path, module.base, "linear"):
+            continue
+        set_module(gm, path, fused_linear(module))
+        fused.append(path)
+    for node, path, _ in layers:
+        if path in fused and has_meta(node):
+            meta = get_meta(node)
+            meta.software.remove(LoraRecord)
+            meta.common.module_type = _class_path(gm.get_submodule(path))
+    if not fused:
+        raise NoMatchError(f"no LoRA adapter matched targets={args.targets!r} exclude={args.exclude!r}; "
+                           f"adapted layers: {[p for _, p, _ in layers][:6]}")
+    gm.delete_all_unused_submodules()
+    return graph, {"fused": fused}
