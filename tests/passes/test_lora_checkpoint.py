@@ -130,3 +130,34 @@ def test_tampered_or_mismatched_checkpoints_are_refused(base_graph: ForgeGraph, 
         save_lora_adapters(base_graph, tmp_path / "empty")
     with pytest.raises(LoraCheckpointError, match="manifest.json: missing"):
         load_lora_adapters(fresh, tmp_path / "nowhere")
+
+
+def test_adapted_graph_survives_export_and_reload(base_graph: ForgeGraph, tmp_path: Path) -> None:
+    from fxforge.graph.metadata import get_meta
+    from fxforge.passes.transform.lora import LoraRecord
+
+    mg = base_graph.copy()
+    passes.init_metadata_analysis_pass(mg)
+    passes.add_common_metadata_analysis_pass(mg)
+    mg = _trained(mg)
+    inputs = bert_inputs()
+    with torch.no_grad():
+        expected = mg(**inputs)
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "graph"))
+    with torch.no_grad():
+        again = loaded(**inputs)
+    assert torch.equal(again.logits, expected.logits) and torch.equal(again.loss, expected.loss)
+    before = {p: (m.rank, m.alpha, m.dropout_p, m.training) for _, p, m in lora_layers(mg.model)}
+    assert {p: (m.rank, m.alpha, m.dropout_p, m.training) for _, p, m in lora_layers(loaded.model)} == before
+    record = get_meta(loaded.node("bert_encoder_layer_0_attention_self_query")).software.get(LoraRecord)
+    assert record is not None and record.rank == 4 and record.alpha == 8.0
+    flags = {n: p.requires_grad for n, p in mg.model.named_parameters()}
+    assert {n: p.requires_grad for n, p in loaded.model.named_parameters()} == flags
+    loaded.train()
+    loaded(**inputs).loss.backward()
+    grads = {n for n, p in loaded.model.named_parameters() if p.grad is not None}
+    assert grads == {n for n, f in flags.items() if f} and any("lora_B" in n for n in grads)
+    loaded.eval()
+    passes.fuse_lora_weights_transform_pass(loaded)
+    with torch.no_grad():
+        assert (loaded(**inputs).logits - expected.logits).abs().max() <= 1e-5
