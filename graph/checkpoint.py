@@ -375,7 +375,7 @@ def _build_modules(gm: fx.GraphModule, doc: dict[str, Any]) -> None:
         parent.add_module(leaf, module)
     for alias, target in doc["module_aliases"].items():
         *parents, leaf = _check_path(alias, "module aliases")
-        gm.get_submodule(".".join(parents)).add_module(leaf, gm.get_submodule(target))
+        gm.get_submodule(".".join(parents)).add_module(leaf, gm.get_submodule(".".join(_check_path(target, alias))))
 
 
 def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, torch.Tensor], wpath: Path) -> None:
@@ -518,7 +518,7 @@ def load_checkpoint(path: str | Path) -> ForgeGraph:
         graph.lint()
         gm.train(bool(doc["training"]))
         for module_path, flag in doc["training_exceptions"].items():
-            gm.get_submodule(module_path).training = bool(flag)
+            gm.get_submodule(".".join(_check_path(module_path, "training flags"))).training = bool(flag)
         example_inputs, ex = None, doc["example_inputs"]
         if ex is not None:
             env = {("tensor", k): v for k, v in input_tensors.items()}

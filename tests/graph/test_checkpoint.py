@@ -184,6 +184,21 @@ def test_fft_model_with_complex_weights_and_tied_embedding(frontend: str, tmp_pa
         in graph["tensors"]
 
 
+def test_shared_modules_buffers_and_constants_stay_shared(tmp_path: Path) -> None:
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
+    gm.register_buffer("table", torch.arange(4.0))
+    gm.twin = gm.get_submodule("0")  # the same Linear under a second path
+    gm.extra = nn.Module()
+    gm.extra.register_buffer("table_alias", gm.table, persistent=False)
+    gm.const = gm.extra.const = torch.ones(2)
+    back = ForgeGraph.from_checkpoint(ForgeGraph.from_parts(gm, "fx").export(tmp_path / "shared"))
+    m = back.model
+    assert m.twin is m.get_submodule("0") and m.extra.table_alias is m.table and m.extra.const is m.const
+    assert "table_alias" in m.extra._non_persistent_buffers_set and torch.equal(m.const, torch.ones(2))
+    x = torch.randn(2, 3)
+    assert torch.equal(back(x), gm(x))
+
+
 def test_train_mode_and_per_module_flags_survive(ckpt_convnet: ForgeGraph, tmp_path: Path) -> None:
     ckpt_convnet.train()
     ckpt_convnet.model.get_submodule("bn").eval()
