@@ -15,7 +15,7 @@ import pytest
 import safetensors.torch
 import torch
 import torch.nn as nn
-from conftest import bert_inputs, make_tiny_bert
+from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
 from fxforge import ForgeGraph, passes
 from fxforge.graph import targets
 from fxforge.graph.checkpoint import load_checkpoint, save_checkpoint
@@ -182,6 +182,17 @@ def test_fft_model_with_complex_weights_and_tied_embedding(frontend: str, tmp_pa
     graph = json.loads((tmp_path / "fft" / "graph.json").read_text())
     assert {"name": "out.weight", "kind": "parameter", "requires_grad": True, "alias_of": "emb.weight"} \
         in graph["tensors"]
+
+
+@pytest.mark.parametrize("name,frontend", [("gpt-attn", "fx"), ("gpt-afno", "export"), ("agru", "auto")])
+def test_model_zoo_round_trip(name: str, frontend: str, tmp_path: Path) -> None:
+    """GPT (rotary attention; AFNO with rfft/irfft) and A-GRU: outputs, metadata and names survive."""
+    model = make_agru() if name == "agru" else make_gpt(name.split("-")[1])
+    x = torch.randn(2, 5, 8) if name == "agru" else torch.randint(0, 64, (2, 16))
+    mg = _with_metadata(ForgeGraph(model, example_inputs=(x,), frontend=frontend))
+    back = ForgeGraph.from_checkpoint(mg.export(tmp_path / f"{name}.ckpt"))
+    assert_same_graph(mg, back)
+    _close(mg(x), back(x))
 
 
 def test_shared_modules_buffers_and_constants_stay_shared(tmp_path: Path) -> None:
