@@ -433,7 +433,7 @@ def _target(gm: fx.GraphModule, op: str, target: str, args: tuple[Any, ...], kwa
 
 def _build_graph(gm: fx.GraphModule, doc: dict[str, Any]) -> fx.Graph:
     """Recreate every node with ``graph.create_node`` and restore the pytree calling convention."""
-    graph, env = fx.Graph(), {}
+    graph, env = fx.Graph(), _Env()
     for entry in doc["nodes"]:
         name, op, target = entry.get("name"), entry.get("op"), entry.get("target")
         where, kwargs = f"node {name!r}", entry.get("kwargs", {})

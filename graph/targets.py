@@ -54,6 +54,7 @@ class ModuleSpec:
 
     @property
     def container(self) -> bool:
+        """True when the class is rebuilt empty and filled from the checkpoint (no config)."""
         return self.from_config is None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_bert_svg_is_valid_xml_with_one_box_per_node(ckpt_bert_graph: ForgeGraph
     groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "node"]
     assert [g.get("data-name") for g in groups] == [n.name for n in nodes]
     text = " ".join(t.text or "" for t in root.iter(f"{SVG}text"))
-    assert "linear" in text and "layer_norm" in text and "[2, 16, 32] float32" in text
+    assert "linear" in text and "layer_norm" in text and re.search(r"\[\d+, \d+, 32\] float32", text)
     edges = sum(len(n.all_input_nodes) for n in nodes)
     assert len([p for p in root.iter(f"{SVG}path") if p.get("marker-end")]) == edges
 
