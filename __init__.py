@@ -10,5 +10,6 @@ from . import passes
 from .graph.capture import CaptureError
 from .graph.forge_graph import ForgeGraph, PassRecord
 from .graph.inputs import ExampleInputs
+from .graph.targets import CheckpointError
 
-__all__ = ["CaptureError", "ExampleInputs", "ForgeGraph", "PassRecord", "passes"]
+__all__ = ["CaptureError", "CheckpointError", "ExampleInputs", "ForgeGraph", "PassRecord", "passes"]

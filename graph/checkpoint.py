@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +26,7 @@ import torch.utils._pytree as pytree
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
 from . import targets
+from .checkpoint_values import IDENT, Env, decode_value, encode_value
 from .inputs import ExampleInputs
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import NodeMeta, get_meta, has_meta, set_meta
@@ -43,77 +42,8 @@ CHECKPOINT_SCHEMA_VERSION = 1
 GRAPH, METADATA, WEIGHTS, INPUTS, MANIFEST = (
     "graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors", "manifest.json")
 _DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS)
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PART = re.compile(r"^[A-Za-z0-9_]+$")  # one component of a module/attribute path
 _PLACEHOLDER = re.compile(r"^\*{0,2}[A-Za-z_][A-Za-z0-9_]*$")
-_NAMED = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
-_Env = dict[tuple[str, str], Any]
-
-
-# -- values: node arguments and example inputs as JSON ---------------------------------------------------
-def _encode(v: Any, where: str, tensor: Callable[[torch.Tensor], str] | None = None) -> Any:
-    """JSON form of a value; tagged dicts (``{"$": kind}``) for everything JSON has no type for."""
-    t = type(v)
-    if v is None or t in (bool, int, str):
-        return v
-    if t is float:
-        return v if math.isfinite(v) else {"$": "float", "value": repr(v)}
-    if isinstance(v, fx.Node):
-        return {"$": "node", "name": v.name}
-    if isinstance(v, torch.Tensor) and tensor is not None:
-        return {"$": "tensor", "key": tensor(v)}
-    if t in _NAMED.values():
-        return {"$": next(k for k, c in _NAMED.items() if c is t), "name": str(v).removeprefix("torch.")}
-    if t is torch.device:
-        return {"$": "device", "value": str(v)}
-    if t is complex:
-        return {"$": "complex", "items": [_encode(v.real, where), _encode(v.imag, where)]}
-    if v is Ellipsis:
-        return {"$": "ellipsis"}
-    if t in (slice, tuple, torch.Size):
-        items = (v.start, v.stop, v.step) if t is slice else v
-        return {"$": {slice: "slice", tuple: "tuple", torch.Size: "size"}[t],
-                "items": [_encode(x, where, tensor) for x in items]}
-    if isinstance(v, list):
-        return [_encode(x, where, tensor) for x in v]
-    if isinstance(v, dict) and not hasattr(v, "default_factory"):
-        return {"$": "dict", "items": [[_encode(k, where, tensor), _encode(x, where, tensor)] for k, x in v.items()]}
-    raise CheckpointError(f"{where}: cannot store a value of type {t.__module__}.{t.__qualname__} in a checkpoint")
-
-
-def _decode(d: Any, where: str, env: _Env) -> Any:
-    """Inverse of :func:`_encode`; node and tensor references must already be in ``env``."""
-    if d is None or type(d) in (bool, int, float, str):
-        return d
-    if isinstance(d, list):
-        return [_decode(x, where, env) for x in d]
-    if not isinstance(d, dict) or not isinstance(d.get("items", []), list):
-        raise CheckpointError(f"{where}: malformed value {d!r}")
-    tag = d.get("$")
-    if tag in ("node", "tensor"):
-        key = d.get("name" if tag == "node" else "key")
-        if (tag, key) not in env:
-            raise CheckpointError(f"{where}: reference to unknown {tag} {key!r} (must be defined earlier)")
-        return env[(tag, key)]
-    if tag in _NAMED:
-        value = getattr(torch, d["name"], None) if _IDENT.match(str(d.get("name"))) else None
-        if not isinstance(value, _NAMED[tag]):
-            raise CheckpointError(f"{where}: unknown {tag} {d.get('name')!r}")
-        return value
-    if tag == "device":
-        return torch.device(str(d.get("value")))
-    if tag == "float" and d.get("value") in ("inf", "-inf", "nan"):
-        return float(d["value"])
-    if tag == "ellipsis":
-        return Ellipsis
-    items = [_decode(x, where, env) for x in d.get("items", [])]
-    if tag in ("slice", "complex") and len(items) == (3 if tag == "slice" else 2):
-        return slice(*items) if tag == "slice" else complex(*items)
-    if tag in ("tuple", "size"):
-        return tuple(items) if tag == "tuple" else torch.Size(items)
-    if tag == "dict" and all(isinstance(kv, list) and len(kv) == 2 for kv in items):
-        return {k: v for k, v in items}
-    raise CheckpointError(f"{where}: malformed value {d!r}")
 
 
 def _check_path(path: str, where: str) -> list[str]:
@@ -231,10 +161,10 @@ def _node_json(node: fx.Node, gm: fx.GraphModule, tensor_names: set[str]) -> dic
                 gm.get_submodule(str(target))
     except (CheckpointError, AttributeError) as exc:
         raise CheckpointError(f"{where} ({node.op}): {exc}") from None
-    if not _IDENT.match(node.name) or not all(_IDENT.match(k) for k in node.kwargs):
+    if not IDENT.match(node.name) or not all(IDENT.match(k) for k in node.kwargs):
         raise CheckpointError(f"{where}: node names and keyword names must be identifiers")
-    return {"name": node.name, "op": node.op, "target": target, "args": _encode(list(node.args), where),
-            "kwargs": {k: _encode(v, where) for k, v in node.kwargs.items()}}
+    return {"name": node.name, "op": node.op, "target": target, "args": encode_value(list(node.args), where),
+            "kwargs": {k: encode_value(v, where) for k, v in node.kwargs.items()}}
 
 
 def _json_bytes(doc: Any, what: str) -> bytes:
@@ -288,13 +218,13 @@ def save_checkpoint(mg: ForgeGraph, path: str | Path) -> Path:
             return f"t{len(inputs) - 1}"
 
         ex = mg.example_inputs
-        inputs_doc = {"args": _encode(list(ex.args), "example_inputs", sink),
-                      "kwargs": _encode(dict(ex.kwargs), "example_inputs", sink)}
+        inputs_doc = {"args": encode_value(list(ex.args), "example_inputs", sink),
+                      "kwargs": encode_value(dict(ex.kwargs), "example_inputs", sink)}
         files[INPUTS] = _safetensors_bytes(inputs, INPUTS)
     class_name = type(gm).__name__
     graph_doc = {
         "format": FORMAT, "schema_version": CHECKPOINT_SCHEMA_VERSION, "frontend": mg.frontend,
-        "class_name": class_name if _IDENT.match(class_name) else "GraphModule", **state,
+        "class_name": class_name if IDENT.match(class_name) else "GraphModule", **state,
         "codegen": _codegen_json(gm.graph), "nodes": nodes, "example_inputs": inputs_doc,
         "history": [r.to_json() for r in mg.history], "capture_notes": list(mg.capture_notes),
     }
@@ -433,15 +363,15 @@ def _target(gm: fx.GraphModule, op: str, target: str, args: tuple[Any, ...], kwa
 
 def _build_graph(gm: fx.GraphModule, doc: dict[str, Any]) -> fx.Graph:
     """Recreate every node with ``graph.create_node`` and restore the pytree calling convention."""
-    graph, env = fx.Graph(), _Env()
+    graph, env = fx.Graph(), Env()
     for entry in doc["nodes"]:
         name, op, target = entry.get("name"), entry.get("op"), entry.get("target")
         where, kwargs = f"node {name!r}", entry.get("kwargs", {})
-        if not isinstance(name, str) or not _IDENT.match(name) or not isinstance(target, str) \
-                or not isinstance(kwargs, dict) or not all(_IDENT.match(k) for k in kwargs):
+        if not isinstance(name, str) or not IDENT.match(name) or not isinstance(target, str) \
+                or not isinstance(kwargs, dict) or not all(IDENT.match(k) for k in kwargs):
             raise CheckpointError(f"{where}: malformed node (names and keywords must be identifiers)")
-        args = tuple(_decode(entry.get("args", []), where, env))
-        kwargs = {k: _decode(v, where, env) for k, v in kwargs.items()}
+        args = tuple(decode_value(entry.get("args", []), where, env))
+        kwargs = {k: decode_value(v, where, env) for k, v in kwargs.items()}
         try:
             fn = _target(gm, op, target, args, kwargs)
         except (CheckpointError, AttributeError) as exc:
@@ -458,7 +388,7 @@ def _build_graph(gm: fx.GraphModule, doc: dict[str, Any]) -> fx.Graph:
                 targets.check_treespec_json(codegen[key])
             specs[key] = None if codegen[key] is None else pytree.treespec_loads(json.dumps(codegen[key]))
         orig_args = codegen["orig_args"]
-        if not all(isinstance(a, str) and _IDENT.match(a) for a in orig_args):
+        if not all(isinstance(a, str) and IDENT.match(a) for a in orig_args):
             raise CheckpointError("codegen orig_args must be identifiers")
         graph._codegen = _PyTreeCodeGen(_PyTreeInfo(list(orig_args), specs["in_spec"], specs["out_spec"]))
     elif codegen["kind"] != "default":
@@ -508,7 +438,7 @@ def load_checkpoint(path: str | Path) -> ForgeGraph:
     weights, input_tensors = _parse(root, WEIGHTS, payloads), _parse(root, INPUTS, payloads)
     try:
         class_name, frontend = doc["class_name"], doc["frontend"]
-        if not _IDENT.match(str(class_name)) or frontend not in ("fx", "export"):
+        if not IDENT.match(str(class_name)) or frontend not in ("fx", "export"):
             raise CheckpointError(f"bad class name {class_name!r} or frontend {frontend!r}")
         gm = fx.GraphModule(nn.Module(), fx.Graph(), class_name=class_name)
         _build_modules(gm, doc)
@@ -522,8 +452,8 @@ def load_checkpoint(path: str | Path) -> ForgeGraph:
         example_inputs, ex = None, doc["example_inputs"]
         if ex is not None:
             env = {("tensor", k): v for k, v in input_tensors.items()}
-            example_inputs = ExampleInputs(tuple(_decode(ex["args"], "example_inputs", env)),
-                                           _decode(ex["kwargs"], "example_inputs", env))
+            example_inputs = ExampleInputs(tuple(decode_value(ex["args"], "example_inputs", env)),
+                                           decode_value(ex["kwargs"], "example_inputs", env))
         history = [PassRecord.from_json(h) for h in doc["history"]]
         notes = [str(n) for n in doc["capture_notes"]]
     except CheckpointError as exc:

@@ -1,0 +1,84 @@
+"""JSON encoding of the values a checkpoint's graph holds (node arguments): everything JSON has no type
+for (nodes, tensors, dtypes, devices, slices, tuples, non-finite floats) becomes a tagged dict."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .targets import CheckpointError
+
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAMED = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
+Env = dict[tuple[str, str], Any]
+
+
+def encode_value(v: Any, where: str, tensor: Callable[[torch.Tensor], str] | None = None) -> Any:
+    """JSON form of a value; tagged dicts (``{"$": kind}``) for everything JSON has no type for."""
+    t = type(v)
+    if v is None or t in (bool, int, str):
+        return v
+    if t is float:
+        return v if math.isfinite(v) else {"$": "float", "value": repr(v)}
+    if isinstance(v, fx.Node):
+        return {"$": "node", "name": v.name}
+    if isinstance(v, torch.Tensor) and tensor is not None:
+        return {"$": "tensor", "key": tensor(v)}
+    if t in _NAMED.values():
+        return {"$": next(k for k, c in _NAMED.items() if c is t), "name": str(v).removeprefix("torch.")}
+    if t is torch.device:
+        return {"$": "device", "value": str(v)}
+    if t is complex:
+        return {"$": "complex", "items": [encode_value(v.real, where), encode_value(v.imag, where)]}
+    if v is Ellipsis:
+        return {"$": "ellipsis"}
+    if t in (slice, tuple, torch.Size):
+        items = (v.start, v.stop, v.step) if t is slice else v
+        return {"$": {slice: "slice", tuple: "tuple", torch.Size: "size"}[t],
+                "items": [encode_value(x, where, tensor) for x in items]}
+    if isinstance(v, list):
+        return [encode_value(x, where, tensor) for x in v]
+    if isinstance(v, dict) and not hasattr(v, "default_factory"):
+        pairs = [[encode_value(k, where, tensor), encode_value(x, where, tensor)] for k, x in v.items()]
+        return {"$": "dict", "items": pairs}
+    raise CheckpointError(f"{where}: cannot store a value of type {t.__module__}.{t.__qualname__} in a checkpoint")
+
+
+def decode_value(d: Any, where: str, env: Env) -> Any:
+    """Inverse of :func:`encode_value`; node and tensor references must already be in ``env``."""
+    if d is None or type(d) in (bool, int, float, str):
+        return d
+    if isinstance(d, list):
+        return [decode_value(x, where, env) for x in d]
+    if not isinstance(d, dict) or not isinstance(d.get("items", []), list):
+        raise CheckpointError(f"{where}: malformed value {d!r}")
+    tag = d.get("$")
+    if tag in ("node", "tensor"):
+        key = d.get("name" if tag == "node" else "key")
+        if (tag, key) not in env:
+            raise CheckpointError(f"{where}: reference to unknown {tag} {key!r} (must be defined earlier)")
+        return env[(tag, key)]
+    if tag in _NAMED:
+        value = getattr(torch, d["name"], None) if IDENT.match(str(d.get("name"))) else None
+        if not isinstance(value, _NAMED[tag]):
+            raise CheckpointError(f"{where}: unknown {tag} {d.get('name')!r}")
+        return value
+    if tag == "device":
+        return torch.device(str(d.get("value")))
+    if tag == "float" and d.get("value") in ("inf", "-inf", "nan"):
+        return float(d["value"])
+    if tag == "ellipsis":
+        return Ellipsis
+    items = [decode_value(x, where, env) for x in d.get("items", [])]
+    if tag in ("slice", "complex") and len(items) == (3 if tag == "slice" else 2):
+        return slice(*items) if tag == "slice" else complex(*items)
+    if tag in ("tuple", "size"):
+        return tuple(items) if tag == "tuple" else torch.Size(items)
+    if tag == "dict" and all(isinstance(kv, list) and len(kv) == 2 for kv in items):
+        return {k: v for k, v in items}
+    raise CheckpointError(f"{where}: malformed value {d!r}")
