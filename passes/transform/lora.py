@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from ...graph import targets as checkpoint_targets
 from ...graph.forge_graph import ForgeGraph
+from ...graph.ir import classify
 from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
 from ..base import forge_pass
 from ..select import Selector
@@ -238,6 +239,7 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
     for node, path, module in lora_layers(gm):
         if path in adapted and has_meta(node):
             meta = get_meta(node)
+            meta.common.kind, meta.common.op = classify(node, gm)  # lora_linear, as a fresh metadata pass says
             meta.common.module_type = _class_path(module)
             meta.software.set(LoraRecord(rank=module.rank, alpha=module.alpha, scaling=module.scaling,
                                          dropout=module.dropout_p, init=module.init,
@@ -304,6 +306,7 @@ def fuse_lora_weights_transform_pass(graph: ForgeGraph, args: FuseLoraArgs) -> t
         if path in fused and has_meta(node):
             meta = get_meta(node)
             meta.software.remove(LoraRecord)
+            meta.common.kind, meta.common.op = classify(node, gm)
             meta.common.module_type = _class_path(gm.get_submodule(path))
     if not fused:
         raise NoMatchError(f"no LoRA adapter matched targets={args.targets!r} exclude={args.exclude!r}; "

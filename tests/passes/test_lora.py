@@ -140,6 +140,7 @@ def test_fuse_equals_unfused_and_leaves_plain_linears(mg: ForgeGraph) -> None:
     node = mg.node("bert_encoder_layer_0_attention_self_query")
     record = get_meta(node).software.get(LoraRecord)
     assert record is not None and record.rank == 4 and record.scaling == 4.0
+    assert get_meta(node).common.op == "lora_linear" and get_meta(node).common.module_type.endswith("LoraLinear")
     _perturb_adapters(mg)
     inputs = bert_inputs()
     with torch.no_grad():
@@ -152,7 +153,8 @@ def test_fuse_equals_unfused_and_leaves_plain_linears(mg: ForgeGraph) -> None:
     assert type(fused_q) is nn.Linear and torch.allclose(fused_q.weight, expected, atol=1e-7)
     assert torch.equal(fused_q.bias, originals["bert.encoder.layer.0.attention.self.query.bias"])
     assert not any("lora" in n for n, _ in mg.model.named_parameters())
-    assert get_meta(node).software.get(LoraRecord) is None
+    assert get_meta(node).software.get(LoraRecord) is None and get_meta(node).common.op == "linear"
+    assert get_meta(node).common.module_type == "torch.nn.modules.linear.Linear"
     with torch.no_grad():
         fused = mg(**inputs).logits
     assert (fused - unfused).abs().max() <= 1e-5
