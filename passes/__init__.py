@@ -5,6 +5,12 @@ from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_
 from .analysis.report_graph import report_graph_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
 from .base import PASSES, PassArgsError, PassError, forge_pass, get_pass
+from .quantize import (
+    calibrate_analysis_pass,
+    lower_int8_transform_pass,
+    quantization_report_analysis_pass,
+    quantize_transform_pass,
+)
 from .transform.freeze import freeze_transform_pass, unfreeze_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
 from .transform.remove_dropout import remove_dropout_transform_pass
@@ -25,4 +31,8 @@ __all__ = [
     "unfreeze_transform_pass",
     "insert_lora_adapter_transform_pass",
     "fuse_lora_weights_transform_pass",
+    "quantize_transform_pass",
+    "calibrate_analysis_pass",
+    "quantization_report_analysis_pass",
+    "lower_int8_transform_pass",
 ]

@@ -1,0 +1,35 @@
+"""Quantization: number formats, MASE-config quantize pass, calibration, QAT, report, int8 lowering."""
+
+from .attention import QuantizedSDPA
+from .calibrate import calibrate_analysis_pass
+from .config import OpQuantConfig, QuantizeConfig, QuantizeConfigError, RoleSpec
+from .formats import FORMATS, ROLES
+from .lower import Int8Linear, lower_int8_transform_pass
+from .modules import QuantizedConv1d, QuantizedConv2d, QuantizedLayerNorm, QuantizedLinear
+from .quantizer import Quantize
+from .records import CalibrationRecord, LoweringRecord, QuantizationRecord
+from .report import quantization_report_analysis_pass
+from .transform import quantize_transform_pass
+
+__all__ = [
+    "FORMATS",
+    "ROLES",
+    "CalibrationRecord",
+    "Int8Linear",
+    "LoweringRecord",
+    "OpQuantConfig",
+    "QuantizationRecord",
+    "Quantize",
+    "QuantizeConfig",
+    "QuantizeConfigError",
+    "QuantizedConv1d",
+    "QuantizedConv2d",
+    "QuantizedLayerNorm",
+    "QuantizedLinear",
+    "QuantizedSDPA",
+    "RoleSpec",
+    "calibrate_analysis_pass",
+    "lower_int8_transform_pass",
+    "quantization_report_analysis_pass",
+    "quantize_transform_pass",
+]

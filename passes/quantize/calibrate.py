@@ -1,0 +1,141 @@
+"""calibrate_analysis_pass: PTQ calibration of activation quantizers over a few batches.
+
+The graph runs in eval mode with every quantizer turned into an observer (activations stay fp32,
+as with PyTorch observers), so each quantizer sees the float distribution of its tensor. The range
+is min-max (running extremes) or percentile (per-batch two-sided percentiles, averaged). Scaled
+integer activation quantizers take their scale/zero point from it; every range is stored in a
+:class:`CalibrationRecord` on the quantized node's software metadata.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.fx as fx
+
+from ...graph.forge_graph import ForgeGraph
+from ...graph.inputs import ExampleInputs
+from ...graph.metadata import get_meta, has_meta
+from ..base import forge_pass
+from .quantizer import Observer, Quantize
+from .records import CalibrationRecord, QuantizationRecord
+
+__all__ = ["calibrate_analysis_pass", "CalibrateArgs", "iter_batches", "run_batch", "quantized_nodes"]
+
+
+@dataclass(frozen=True)
+class CalibrateArgs:
+    """data: an iterable of batches (dicts of kwargs, tuples of args or tensors); None uses the
+    graph's example inputs. method: ``minmax`` or ``percentile``; percentile: e.g. 99.99 (two-sided);
+    num_batches: stop after this many batches (None: all)."""
+
+    data: Any = None
+    method: Literal["minmax", "percentile"] = "minmax"
+    percentile: float = 99.99
+    num_batches: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 50.0 < self.percentile <= 100.0:
+            raise ValueError(f"percentile must be in (50, 100], got {self.percentile}")
+        if self.num_batches is not None and self.num_batches < 1:
+            raise ValueError(f"num_batches must be >= 1 or None, got {self.num_batches}")
+
+
+def iter_batches(graph: ForgeGraph, data: Any, num_batches: int | None) -> Iterator[Any]:
+    """The batches to run: ``data`` (one batch or an iterable of them) or the example inputs."""
+    if data is None:
+        if graph.example_inputs is None:
+            raise ValueError("no calibration data: pass {'data': [batch, ...]} or capture with example_inputs")
+        batches: Iterable[Any] = [graph.example_inputs]
+    elif isinstance(data, dict | torch.Tensor | ExampleInputs):
+        batches = [data]
+    elif isinstance(data, Iterable):
+        batches = data
+    else:
+        raise TypeError(f"data must be a batch or an iterable of batches, got {type(data).__name__}")
+    it = iter(batches)
+    return itertools.islice(it, num_batches) if num_batches is not None else it
+
+
+def run_batch(model: Any, batch: Any) -> Any:
+    """Call ``model`` on a batch given as kwargs dict, args tuple/list, tensor or ExampleInputs."""
+    if isinstance(batch, ExampleInputs):
+        return model(*batch.args, **batch.kwargs)
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    return model(batch)
+
+
+def quantized_nodes(gm: fx.GraphModule) -> list[tuple[fx.Node, QuantizationRecord]]:
+    """(node, record) for every node the quantize pass recorded."""
+    out = []
+    for node in gm.graph.nodes:
+        if has_meta(node):
+            rec = get_meta(node).software.get(QuantizationRecord)
+            if rec is not None:
+                out.append((node, rec))
+    return out
+
+
+def _jsonable(t: torch.Tensor) -> float | list[float]:
+    t = t.detach().float().cpu()
+    return float(t) if t.dim() == 0 else [float(v) for v in t.reshape(-1)]
+
+
+@forge_pass("analysis", CalibrateArgs)
+def calibrate_analysis_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+    """Calibrate every activation quantizer; returns how many quantizers got a range and a scale."""
+    gm = graph.model
+    owners = {path: (node, key) for node, rec in quantized_nodes(gm) for key, path in rec.quantizers.items()}
+    quantizers = {path: q for path, q in gm.named_modules() if isinstance(q, Quantize) and not q.is_param}
+    if not quantizers:
+        raise ValueError("the graph has no activation quantizers: run quantize_transform_pass first")
+    for q in quantizers.values():
+        q.observer = Observer(args.method, args.percentile, q.channel_axis if q.per_channel else None)
+    was_training = gm.training
+    gm.eval()
+    batches = 0
+    try:
+        with torch.no_grad():
+            for batch in iter_batches(graph, args.data, args.num_batches):
+                run_batch(gm, batch)
+                batches += 1
+        if batches == 0:
+            raise ValueError("calibration data is empty")
+        records: dict[str, CalibrationRecord] = {}
+        scaled = unseen = 0
+        for path, q in quantizers.items():
+            obs = q.observer
+            assert obs is not None
+            if obs.min is None:
+                unseen += 1
+                continue
+            lo, hi = obs.range()
+            q.set_range(lo, hi)
+            scaled += int(q.needs_calibration)
+            stats: dict[str, Any] = {"path": path, "min": _jsonable(obs.min), "max": _jsonable(obs.max),  # type: ignore
+                                     "lo": _jsonable(lo), "hi": _jsonable(hi), "numel": obs.numel}
+            if q.fmt.scaled:
+                stats.update(scale=_jsonable(q.scale), zero_point=_jsonable(q.zero_point))
+            node, key = owners.get(path, (None, path))
+            if node is None:
+                continue
+            rec = records.setdefault(node.name, CalibrationRecord(
+                method=args.method, percentile=args.percentile if args.method == "percentile" else None,
+                num_batches=batches))
+            rec.stats[key] = stats
+        nodes = {n.name: n for n in gm.graph.nodes}
+        for name, rec in records.items():
+            get_meta(nodes[name]).software.set(rec)
+    finally:
+        for q in quantizers.values():
+            q.observer = None
+        gm.train(was_training)
+    return graph, {"batches": batches, "observed": len(quantizers) - unseen, "scales_set": scaled,
+                   "unseen": unseen, "nodes": len(records)}

@@ -1,0 +1,211 @@
+"""Quantized layers swapped in for nn.Linear / Conv1d / Conv2d / LayerNorm by the quantize pass.
+
+Each keeps the original parameters (shared, so QAT trains them) and holds one :class:`Quantize`
+per configured role: ``data_in`` on the input, ``weight``/``bias`` on the parameters (re-quantized
+every call, so training sees the quantized weights through the STE), ``data_out`` on the output.
+Subclassing the float layer keeps selectors and canonical op names (``linear``...) working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...graph import targets
+from .config import OpQuantConfig
+from .quantizer import Quantize
+
+__all__ = ["QuantizedLinear", "QuantizedConv1d", "QuantizedConv2d", "QuantizedLayerNorm", "QUANTIZED_LAYERS",
+           "build_quantized_layer"]
+
+ROLE_ATTRS: dict[str, str] = {r: f"{r}_quantizer" for r in ("data_in", "weight", "bias", "data_out")}
+
+
+class _QuantizedLayer:
+    """Shared bookkeeping: the op config, one quantizer per role, JSON (de)serialisation."""
+
+    # (channel_axis, block_axis) per role; layers override.
+    AXES: dict[str, tuple[int, int]] = {"data_in": (-1, -1), "weight": (0, -1), "bias": (0, -1),
+                                        "data_out": (-1, -1)}
+
+    def _init_quantizers(self, quant: OpQuantConfig | Mapping[str, Any],
+                         quantizers: Mapping[str, Mapping[str, Any]] | None, has_bias: bool) -> None:
+        self.quant = quant if isinstance(quant, OpQuantConfig) else OpQuantConfig.from_json(quant)
+        for role, attr in ROLE_ATTRS.items():
+            spec = self.quant.role(role)
+            module: Quantize | None = None
+            if quantizers is not None and role in quantizers:
+                module = Quantize.from_config(quantizers[role])
+            elif spec is not None and (role != "bias" or has_bias):
+                channel, block = self.AXES[role]
+                module = Quantize(spec, role, is_param=role in ("weight", "bias"), channel_axis=channel,
+                                  block_axis=block)
+            setattr(self, attr, module)
+
+    def quantizers(self) -> dict[str, Quantize]:
+        """role -> quantizer, for the configured roles."""
+        return {r: q for r, a in ROLE_ATTRS.items() if isinstance(q := getattr(self, a, None), Quantize)}
+
+    def _q(self, role: str, x: torch.Tensor | None) -> torch.Tensor | None:
+        q = getattr(self, ROLE_ATTRS[role])
+        return x if q is None or x is None else q(x)
+
+    def _adopt(self, layer: nn.Module) -> Any:
+        """Take ``layer``'s parameters (shared) and mode; quantizers are rebuilt on its device."""
+        self.weight, self.bias = layer.weight, layer.bias  # type: ignore[attr-defined]
+        self._init_quantizers(self.quant, None, layer.bias is not None)  # type: ignore[attr-defined]
+        device = next((p.device for p in layer.parameters()), torch.device("cpu"))
+        for q in self.quantizers().values():
+            q.to(device)
+        self.train(layer.training)  # type: ignore[attr-defined]
+        return self
+
+    def quant_config(self) -> dict[str, Any]:
+        return {"quant": self.quant.to_json(), "quantizers": {r: q.to_config() for r, q in self.quantizers().items()}}
+
+
+class QuantizedLinear(_QuantizedLayer, nn.Linear):
+    """``F.linear(q_in(x), q_w(W), q_b(b))`` followed by ``q_out``."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 quant: OpQuantConfig | Mapping[str, Any] | None = None,
+                 quantizers: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        nn.Linear.__init__(self, in_features, out_features, bias=bias)
+        if quant is None:
+            raise ValueError("QuantizedLinear needs a quantization config")
+        self._init_quantizers(quant, quantizers, bias)
+
+    @classmethod
+    def from_float(cls, layer: nn.Linear, quant: OpQuantConfig) -> QuantizedLinear:
+        with torch.device("meta"):
+            new = cls(layer.in_features, layer.out_features, layer.bias is not None, quant)
+        return new._adopt(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias))
+        return self._q("data_out", y)
+
+
+class _QuantizedConv(_QuantizedLayer):
+    """Shared conv forward: weights are quantized flattened to (out, in * kernel) along the reduction."""
+
+    AXES = {"data_in": (1, 1), "weight": (0, -1), "bias": (0, -1), "data_out": (1, 1)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight  # type: ignore[attr-defined]
+        wq = self._q("weight", w.flatten(1))
+        y = self._conv_forward(self._q("data_in", x), wq.view_as(w), self._q("bias", self.bias))  # type: ignore
+        return self._q("data_out", y)
+
+    @classmethod
+    def from_float(cls, layer: nn.Module, quant: OpQuantConfig) -> nn.Module:
+        config = _conv_config(layer)
+        with torch.device("meta"):
+            new = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}, quant=quant)
+        return new._adopt(layer)
+
+
+class QuantizedConv1d(_QuantizedConv, nn.Conv1d):
+    """Conv1d with quantized input, weight, bias and output."""
+
+    def __init__(self, *args: Any, quant: OpQuantConfig | Mapping[str, Any] | None = None,
+                 quantizers: Mapping[str, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        nn.Conv1d.__init__(self, *args, **kwargs)
+        if quant is None:
+            raise ValueError("QuantizedConv1d needs a quantization config")
+        self._init_quantizers(quant, quantizers, self.bias is not None)
+
+
+class QuantizedConv2d(_QuantizedConv, nn.Conv2d):
+    """Conv2d with quantized input, weight, bias and output."""
+
+    def __init__(self, *args: Any, quant: OpQuantConfig | Mapping[str, Any] | None = None,
+                 quantizers: Mapping[str, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        nn.Conv2d.__init__(self, *args, **kwargs)
+        if quant is None:
+            raise ValueError("QuantizedConv2d needs a quantization config")
+        self._init_quantizers(quant, quantizers, self.bias is not None)
+
+
+class QuantizedLayerNorm(_QuantizedLayer, nn.LayerNorm):
+    """LayerNorm with quantized input, affine weight/bias and output."""
+
+    AXES = {"data_in": (-1, -1), "weight": (-1, -1), "bias": (-1, -1), "data_out": (-1, -1)}
+
+    def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, quant: OpQuantConfig | Mapping[str, Any] | None = None,
+                 quantizers: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        nn.LayerNorm.__init__(self, normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias)
+        if quant is None:
+            raise ValueError("QuantizedLayerNorm needs a quantization config")
+        self._init_quantizers(quant, quantizers, self.bias is not None)
+
+    @classmethod
+    def from_float(cls, layer: nn.LayerNorm, quant: OpQuantConfig) -> QuantizedLayerNorm:
+        with torch.device("meta"):
+            new = cls(layer.normalized_shape, layer.eps, layer.elementwise_affine, layer.bias is not None, quant)
+        return new._adopt(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(self._q("data_in", x), self.normalized_shape, self._q("weight", self.weight),
+                         self._q("bias", self.bias), self.eps)
+        return self._q("data_out", y)
+
+
+QUANTIZED_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Linear: QuantizedLinear,
+    nn.Conv1d: QuantizedConv1d,
+    nn.Conv2d: QuantizedConv2d,
+    nn.LayerNorm: QuantizedLayerNorm,
+}
+
+
+def build_quantized_layer(layer: nn.Module, quant: OpQuantConfig) -> nn.Module:
+    """The quantized counterpart of a float layer (exact type match), sharing its parameters."""
+    cls = QUANTIZED_LAYERS.get(type(layer))
+    if cls is None:
+        raise TypeError(f"no quantized layer for {type(layer).__name__}; supported: "
+                        f"{[c.__name__ for c in QUANTIZED_LAYERS]}")
+    return cls.from_float(layer, quant)  # type: ignore[attr-defined]
+
+
+def _linear_config(m: Any) -> dict[str, Any]:
+    return {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None}
+
+
+def _conv_config(m: Any) -> dict[str, Any]:
+    keys = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "padding_mode")
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(m, k)) for k in keys)}
+    return {**out, "bias": m.bias is not None}
+
+
+def _layer_norm_config(m: Any) -> dict[str, Any]:
+    return {"normalized_shape": list(m.normalized_shape), "eps": m.eps,
+            "elementwise_affine": m.elementwise_affine, "bias": m.bias is not None}
+
+
+_FLOAT_CONFIGS: dict[type[nn.Module], Any] = {
+    QuantizedLinear: _linear_config, QuantizedConv1d: _conv_config, QuantizedConv2d: _conv_config,
+    QuantizedLayerNorm: _layer_norm_config,
+}
+
+
+def _register(cls: type[nn.Module]) -> None:
+    float_config = _FLOAT_CONFIGS[cls]
+
+    def to_config(m: Any) -> dict[str, Any]:
+        return {**float_config(m), **m.quant_config()}
+
+    def from_config(config: dict[str, Any]) -> nn.Module:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+        return cls(**kw)
+
+    targets.register_module(cls, to_config, from_config, name=f"fxforge.quantize.{cls.__name__}")
+
+
+for _cls in QUANTIZED_LAYERS.values():
+    _register(_cls)

@@ -1,0 +1,213 @@
+"""quantization_report_analysis_pass: per-node quantization error (SQNR) and average bit widths.
+
+The quantized graph runs twice on the same batches under ``torch.fx.Interpreter``: as is, and as
+the float reference (every quantizer disabled, which gives back the float model exactly since the
+quantized layers keep fp32 parameters), or against an explicit ``baseline`` graph with the same
+node names. For each quantized node the output after its ``data_out`` quantizer is compared with the
+float output of the same node: ``SQNR = 10 log10(sum ref^2 / sum (ref - q)^2)`` in dB, accumulated
+over batches (complex outputs compare real and imaginary parts). The error is end to end: it
+includes what earlier quantized nodes contributed. Average bits are element-weighted: weight bits
+over quantized parameters, activation bits over the activations the quantizers saw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from ...graph.forge_graph import ForgeGraph
+from ...graph.metadata import get_meta
+from ..analysis.metadata import flat_inputs
+from ..base import forge_pass
+from .calibrate import iter_batches, quantized_nodes
+from .quantizer import Quantize
+from .records import LoweringRecord
+
+__all__ = ["quantization_report_analysis_pass", "QuantReportArgs", "sqnr_db", "quantizers_disabled"]
+
+
+@dataclass(frozen=True)
+class QuantReportArgs:
+    """data: batches as for calibration (None: example inputs); num_batches: cap; baseline: a float
+    ForgeGraph to compare with (None: this graph with quantizers off); print_table: print a summary."""
+
+    data: Any = None
+    num_batches: int | None = None
+    baseline: Any = None
+    print_table: bool = False
+
+
+def sqnr_db(signal_power: float, noise_power: float) -> float:
+    """10 log10(signal / noise); +inf for a noiseless result."""
+    if noise_power == 0.0:
+        return math.inf
+    if signal_power == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal_power / noise_power)
+
+
+@contextmanager
+def quantizers_disabled(root: torch.nn.Module) -> Iterator[None]:
+    """Temporarily turn every Quantize under ``root`` into the identity."""
+    qs = [m for m in root.modules() if isinstance(m, Quantize)]
+    states = [q.enabled for q in qs]
+    for q in qs:
+        q.enabled = False
+    try:
+        yield
+    finally:
+        for q, s in zip(qs, states):
+            q.enabled = s
+
+
+class _Capture(fx.Interpreter):
+    """Runs a graph and keeps the values of the named nodes."""
+
+    def __init__(self, gm: fx.GraphModule, keep: set[str]) -> None:
+        super().__init__(gm)
+        self.keep = keep
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        if n.name in self.keep:
+            self.values[n.name] = out
+        return out
+
+
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t).float() if t.is_complex() else t.float()
+
+
+def _powers(ref: Any, q: Any) -> tuple[float, float]:
+    sig = noise = 0.0
+    for a, b in zip(pytree.tree_leaves(ref), pytree.tree_leaves(q)):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (a.is_floating_point() or a.is_complex()):
+            a, b = _as_real(a), _as_real(b)
+            sig += float((a * a).sum())
+            noise += float(((a - b) ** 2).sum())
+    return sig, noise
+
+
+def _output_node(node: fx.Node, quantizers: dict[str, str]) -> fx.Node:
+    """The node carrying the quantized op's final value (its data_out quantizer, if inserted)."""
+    out_path = quantizers.get("data_out")
+    for user in node.users:
+        if user.op == "call_module" and str(user.target) == out_path:
+            return user
+    return node
+
+
+def _run(gm: fx.GraphModule, graph: ForgeGraph, batch: Any, keep: set[str]) -> dict[str, Any]:
+    from ...graph.inputs import ExampleInputs
+
+    example = batch if isinstance(batch, ExampleInputs) else ExampleInputs.coerce(batch)
+    interp = _Capture(gm, keep | {"output"})
+    interp.values["output"] = interp.run(*flat_inputs(gm, example))
+    return interp.values
+
+
+@forge_pass("analysis", QuantReportArgs)
+def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+    """Per-node SQNR (dB), model-output SQNR and average weight/activation bits."""
+    gm = graph.model
+    nodes = quantized_nodes(gm)
+    if not nodes:
+        raise ValueError("the graph has no quantized nodes: run quantize_transform_pass first")
+    outputs = {n.name: _output_node(n, rec.quantizers).name for n, rec in nodes}
+    baseline = args.baseline.model if isinstance(args.baseline, ForgeGraph) else args.baseline
+    lowered = [n.name for n, _ in nodes if get_meta(n).software.get(LoweringRecord) is not None]
+    if lowered and baseline is None:
+        raise ValueError(f"nodes {lowered[:3]} run real int8 kernels, so disabling quantizers does not give the "
+                         "float model back: pass {'baseline': <the float ForgeGraph>}")
+    power = {name: [0.0, 0.0] for name in outputs}
+    out_power = [0.0, 0.0]
+    elems: dict[str, list[int]] = {}  # path -> [elements seen, calls]
+    counting = [True]
+    all_quantizers = {path: q for path, q in gm.named_modules() if isinstance(q, Quantize)}
+
+    def count(path: str) -> Any:
+        def hook(mod: torch.nn.Module, inp: tuple[Any, ...], out: Any) -> None:
+            if counting[0] and isinstance(out, torch.Tensor):
+                entry = elems.setdefault(path, [0, 0])
+                entry[0] += out.numel() * (2 if out.is_complex() else 1)
+                entry[1] += 1
+        return hook
+
+    hooks = [q.register_forward_hook(count(path)) for path, q in all_quantizers.items()]
+    was_training = gm.training
+    gm.eval()
+    batches = 0
+    try:
+        with torch.no_grad():
+            for batch in iter_batches(graph, args.data, args.num_batches):
+                counting[0] = True
+                quant = _run(gm, graph, batch, set(outputs.values()))
+                counting[0] = False
+                if baseline is None:
+                    with quantizers_disabled(gm):
+                        ref = _run(gm, graph, batch, set(outputs))
+                else:
+                    baseline.eval()
+                    ref = _run(baseline, graph, batch, set(outputs))
+                for name, out_name in outputs.items():
+                    if name in ref and out_name in quant:
+                        s, n = _powers(ref[name], quant[out_name])
+                        power[name][0] += s
+                        power[name][1] += n
+                s, n = _powers(ref["output"], quant["output"])
+                out_power[0] += s
+                out_power[1] += n
+                batches += 1
+    finally:
+        for h in hooks:
+            h.remove()
+        gm.train(was_training)
+    if batches == 0:
+        raise ValueError("report data is empty")
+    table = []
+    for node, rec in nodes:
+        row: dict[str, Any] = {"node": node.name, "op": rec.op, "format": rec.format,
+                               "sqnr_db": sqnr_db(*power[node.name])}
+        for key, path in rec.quantizers.items():
+            q = all_quantizers.get(path)
+            if q is not None:
+                row[f"{key}_bits"] = q.bits
+        table.append(row)
+    w_bits = w_elems = a_bits = a_elems = 0.0
+    for path, (numel, calls) in elems.items():
+        q = all_quantizers[path]
+        if q.is_param:  # a parameter is quantized once per forward: count its size once
+            w_bits += q.bits * numel / calls
+            w_elems += numel / calls
+        else:
+            a_bits += q.bits * numel
+            a_elems += numel
+    info = {
+        "nodes": table,
+        "output_sqnr_db": sqnr_db(*out_power),
+        "avg_weight_bits": w_bits / w_elems if w_elems else None,
+        "avg_activation_bits": a_bits / a_elems if a_elems else None,
+        "batches": batches,
+    }
+    if args.print_table:
+        print(format_report(info))
+    return graph, info
+
+
+def format_report(info: dict[str, Any]) -> str:
+    """A plain-text table of the report."""
+    lines = [f"{'node':48s} {'op':30s} {'format':15s} {'SQNR dB':>8s}"]
+    for row in info["nodes"]:
+        lines.append(f"{row['node'][:48]:48s} {row['op'][:30]:30s} {row['format']:15s} {row['sqnr_db']:8.2f}")
+    bits = ["-" if b is None else f"{b:.2f}" for b in (info["avg_weight_bits"], info["avg_activation_bits"])]
+    lines.append(f"model output SQNR {info['output_sqnr_db']:.2f} dB; average weight bits {bits[0]}, "
+                 f"activation bits {bits[1]}")
+    return "\n".join(lines)

@@ -1,0 +1,317 @@
+"""quantize_transform_pass: MASE's config-driven quantization of a ForgeGraph (simulation).
+
+* nn.Linear / Conv1d / Conv2d / LayerNorm call_module nodes get their module swapped (through the
+  shared injection engine) for the quantized layer of ``modules.py``.
+* Attention (``scaled_dot_product_attention`` as a function or fxforge module) becomes a
+  :class:`QuantizedSDPA` call_module that quantizes the matmuls and softmax inside it
+  (``by: type`` takes the ``matmul`` and ``softmax`` entries; see ``attention.py``).
+* Other ops (matmul, bmm, einsum, add, sub, mul, relu, gelu, softmax, functional linear/conv/
+  layer_norm, FFTs) get :class:`Quantize` call_module nodes inserted on their floating-point tensor
+  inputs and on their output. Complex tensors (the AFNO FFT path) are quantized as real and
+  imaginary parts.
+
+Each quantized node gets a :class:`QuantizationRecord` in its software metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from ...graph.forge_graph import ForgeGraph
+from ...graph.metadata import CommonMeta, NodeKind, NodeMeta, dtype_from_name, get_meta, has_meta, set_meta
+from ...graph.modules import ScaledDotProductAttention
+from ..base import PASSES, PassArgsError, forge_pass
+from ..select import node_identity
+from ..transform.inject import inject_modules
+from .attention import QuantizedSDPA
+from .config import FFT_OPS, QUANTIZABLE_OPS, OpQuantConfig, QuantizeConfig, QuantizeConfigError
+from .modules import QUANTIZED_LAYERS, _QuantizedLayer, build_quantized_layer
+from .quantizer import Quantize
+from .records import QuantizationRecord
+
+__all__ = ["quantize_transform_pass", "CONTAINER"]
+
+CONTAINER = "fxforge_quant"  # submodule holding the quantizers inserted around function nodes
+SDPA = "scaled_dot_product_attention"
+_CALLS = ("call_module", "call_function", "call_method")
+_LAYER_OPS = ("linear", "conv1d", "conv2d", "layer_norm")
+
+# op -> [(arg index, role, channel_axis, block_axis)] for function-like nodes.
+_ARG_ROLES: dict[str, list[tuple[int, str, int, int]]] = {
+    "linear": [(0, "data_in", -1, -1), (1, "weight", 0, -1), (2, "bias", 0, -1)],
+    "conv1d": [(0, "data_in", 1, 1), (1, "weight", 0, 1), (2, "bias", 0, -1)],
+    "conv2d": [(0, "data_in", 1, 1), (1, "weight", 0, 1), (2, "bias", 0, -1)],
+    "matmul": [(0, "data_in", -1, -1), (1, "weight", -1, -2)],
+    "bmm": [(0, "data_in", -1, -1), (1, "weight", -1, -2)],
+    "layer_norm": [(0, "data_in", -1, -1), (2, "weight", -1, -1), (3, "bias", -1, -1)],
+    **{op: [(0, "data_in", -1, -1)] for op in ("relu", "gelu", "softmax", *FFT_OPS)},
+}
+
+
+def _einsum_roles(node: fx.Node) -> list[tuple[int, str, int, int]]:
+    """First operand data_in, the others weight; blocks run along each operand's contracted index."""
+    eq, operands = node.args[0], node.args[1:]
+    if not isinstance(eq, str) or any(isinstance(o, list | tuple) for o in operands):
+        return []
+    eq = eq.replace(" ", "")
+    terms, out = (eq.split("->") + [""])[:2] if "->" in eq else (eq, None)
+    terms = terms.split(",")
+    contracted = set("".join(terms)) - set(out) if out is not None and "..." not in eq else set()
+    roles = []
+    for i, term in enumerate(terms[: len(operands)]):
+        hits = [j for j, c in enumerate(term) if c in contracted]
+        block = hits[-1] - len(term) if hits else -1
+        roles.append((i + 1, "data_in" if i == 0 else "weight", -1, block))
+    return roles
+
+
+def _arg_roles(node: fx.Node, op: str) -> list[tuple[int, str, int, int]]:
+    if op in ("add", "sub", "mul"):
+        return [(i, "data_in", -1, -1) for i in range(min(len(node.args), 2))]
+    if op == "einsum":
+        return _einsum_roles(node)
+    return _ARG_ROLES.get(op, [])
+
+
+def _dtype(node: Any) -> torch.dtype | None:
+    """The node's result dtype when capture or metadata recorded it."""
+    if not isinstance(node, fx.Node):
+        return None
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.dtype
+    if has_meta(node):
+        res = get_meta(node).common.results.get("data_out_0")
+        if res is not None and res.dtype:
+            return dtype_from_name(res.dtype)
+    return None
+
+
+def _floating(node: Any) -> bool:
+    """May this value be a floating/complex tensor? (unknown dtype: yes; Quantize skips others)."""
+    if not isinstance(node, fx.Node):
+        return False
+    dt = _dtype(node)
+    return dt is None or dt.is_floating_point or dt.is_complex
+
+
+class _Rewriter:
+    """Applies the per-node decisions to the GraphModule."""
+
+    def __init__(self, graph: ForgeGraph) -> None:
+        self.mg = graph
+        self.gm = graph.model
+        self.inserted = 0
+        self.swaps: dict[str, Callable[[nn.Module], nn.Module]] = {}
+
+    def _new_quant_node(self, path: str, q: Quantize, arg: fx.Node, where: Callable[[], Any],
+                        like: fx.Node) -> fx.Node:
+        self.gm.add_submodule(path, q)
+        with where():
+            new = self.gm.graph.call_module(path, (arg,))
+        if "val" in like.meta:
+            new.meta["val"] = like.meta["val"]
+        cls = type(q)
+        set_meta(new, NodeMeta(common=CommonMeta(kind=NodeKind.MODULE, op="quantize",
+                                                 module_type=f"{cls.__module__}.{cls.__qualname__}")))
+        self.inserted += 1
+        return new
+
+    def wrap_function(self, node: fx.Node, op: str, cfg: OpQuantConfig) -> dict[str, str]:
+        """Insert quantizers on the node's float inputs (by role) and on its output."""
+        done: dict[str, str] = {}
+        for index, role, channel, block in _arg_roles(node, op):
+            spec = cfg.role(role)
+            if spec is None or index >= len(node.args) or not _floating(node.args[index]):
+                continue
+            arg = node.args[index]
+            assert isinstance(arg, fx.Node)
+            key = f"{role}_{index}"
+            path = f"{CONTAINER}.{node.name}__{key}"
+            q = Quantize(spec, role, is_param=arg.op == "get_attr", channel_axis=channel, block_axis=block)
+            new = self._new_quant_node(path, q, arg, lambda: self.gm.graph.inserting_before(node), arg)
+            args = list(node.args)
+            args[index] = new
+            node.args = tuple(args)
+            done[key] = path
+        spec = cfg.role("data_out")
+        if spec is not None and _floating(node):
+            path = f"{CONTAINER}.{node.name}__data_out"
+            block = 1 if op in ("conv1d", "conv2d") else -1
+            q = Quantize(spec, "data_out", channel_axis=block, block_axis=block)
+            new = self._new_quant_node(path, q, node, lambda: self.gm.graph.inserting_after(node), node)
+            node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+            done["data_out"] = path
+        return done
+
+    def sdpa_function(self, node: fx.Node, mm: OpQuantConfig | None, sm: OpQuantConfig | None) -> fx.Node:
+        """Replace an SDPA call_function by a QuantizedSDPA call_module (same inputs)."""
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        bound = dict(zip(names, node.args))
+        bound.update(node.kwargs)
+        module = QuantizedSDPA(float(bound.get("dropout_p") or 0.0), bool(bound.get("is_causal", False)),
+                               bound.get("scale"), bool(bound.get("enable_gqa", False)), mm, sm)
+        path = f"{CONTAINER}.{node.name}"
+        self.gm.add_submodule(path, module)
+        with self.gm.graph.inserting_before(node):
+            new = self.gm.graph.call_module(path, (bound["query"], bound["key"], bound["value"],
+                                                   bound.get("attn_mask")))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        name = node.name
+        self.gm.graph.erase_node(node)
+        new._rename(name)  # keep the node's name: reports and baselines match nodes by name
+        return new
+
+
+def _sdpa_module(mm: OpQuantConfig | None, sm: OpQuantConfig | None) -> Callable[[nn.Module], nn.Module]:
+    def build(m: nn.Module) -> nn.Module:
+        assert isinstance(m, ScaledDotProductAttention)
+        new = QuantizedSDPA(m.dropout_p, m.is_causal, m.scale, m.enable_gqa, mm, sm)
+        return new.train(m.training)
+    return build
+
+
+def _record(node: fx.Node, op: str, fmt: str, config: dict[str, Any], rule: str | None,
+            quantizers: Mapping[str, str]) -> None:
+    get_meta(node).software.set(QuantizationRecord(op=op, format=fmt, config=config, rule=rule,
+                                                   quantizers=dict(quantizers)))
+
+
+def _already_quantized(gm: fx.GraphModule) -> str | None:
+    for node in gm.graph.nodes:
+        if has_meta(node) and get_meta(node).software.get(QuantizationRecord) is not None:
+            return node.name
+    for name, m in gm.named_modules():
+        if isinstance(m, Quantize | _QuantizedLayer | QuantizedSDPA):
+            return name
+    return None
+
+
+def _quantize(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, dict[str, Any]]:
+    """Quantize the ops selected by a MASE config (see config.py); returns counts per op."""
+    if args.default is None and all(c is None for _, c in args.rules):
+        raise PassArgsError("quantize_transform_pass: the config selects no format (the default and every "
+                            "entry have name None); give e.g. {'linear': {'config': {'name': 'integer', ...}}}")
+    gm = graph.model
+    done = _already_quantized(gm)
+    if done is not None:
+        raise ValueError(f"the graph is already quantized ({done!r}); run quantize_transform_pass once, on the "
+                         "float graph (ForgeGraph.copy() keeps a float version)")
+    if not all(has_meta(n) for n in gm.graph.nodes):
+        from ..analysis.metadata import init_metadata_analysis_pass
+
+        init_metadata_analysis_pass(graph)
+        graph.history.pop()  # part of this pass, not a separate step
+    rw = _Rewriter(graph)
+    used_keys: set[str] = set()
+    by_op: dict[str, int] = {}
+    pending_records: list[tuple[str, str, str, dict[str, Any], str | None, dict[str, str]]] = []
+
+    for node in list(gm.graph.nodes):
+        if node.op not in _CALLS:
+            continue
+        name, module, op = node_identity(node, gm)
+        if op == SDPA:
+            if args.by == "type":
+                k1, mm = args.rule_for(name, "matmul", module)
+                k2, sm = args.rule_for(name, "softmax", module)
+                rule = k1 or k2
+            else:
+                rule, mm = args.rule_for(name, op, module)
+                sm = mm
+            if rule is not None:
+                used_keys.add(rule)
+            if mm is None and sm is None:
+                continue
+            config = {"matmul": mm.to_json() if mm else None, "softmax": sm.to_json() if sm else None}
+            fmt = (mm or sm).format  # type: ignore[union-attr]
+            if node.op == "call_module" and isinstance(module, ScaledDotProductAttention):
+                rw.swaps[name] = _sdpa_module(mm, sm)
+                pending_records.append((node.name, op, fmt, config, rule, {"module": name}))
+            elif node.op == "call_function":
+                new = rw.sdpa_function(node, mm, sm)
+                sdpa = gm.get_submodule(str(new.target))
+                assert isinstance(sdpa, QuantizedSDPA)
+                _record(new, op, fmt, config, rule, {s: f"{new.target}.{s}_quantizer" for s in sdpa.quantizers()})
+            else:
+                raise ValueError(f"node {node.name!r}: cannot quantize attention implemented by "
+                                 f"{type(module).__name__}")
+            by_op[op] = by_op.get(op, 0) + 1
+            continue
+        if op not in QUANTIZABLE_OPS:
+            continue
+        rule, cfg = args.rule_for(name, op, module)
+        if rule is not None:
+            used_keys.add(rule)
+        if cfg is None:
+            continue
+        if node.op == "call_module" and op in _LAYER_OPS:
+            assert module is not None
+            if type(module) not in QUANTIZED_LAYERS:
+                raise ValueError(f"node {node.name!r} ({name}): cannot quantize a {type(module).__name__} as "
+                                 f"{op!r}; quantizable layers: {[c.__name__ for c in QUANTIZED_LAYERS]}. "
+                                 "Exclude it with by='name'/'regex' or a name entry with name None")
+            rw.swaps[name] = lambda m, c=cfg: build_quantized_layer(m, c)
+            paths = {r: f"{name}.{r}_quantizer" for r in cfg.role_names
+                     if not (r == "bias" and getattr(module, "bias", None) is None)}
+            pending_records.append((node.name, op, cfg.format, cfg.to_json(), rule, paths))
+            by_op[op] = by_op.get(op, 0) + 1
+            continue
+        quantizers = rw.wrap_function(node, op, cfg)
+        if quantizers:
+            _record(node, op, cfg.format, cfg.to_json(), rule, quantizers)
+            by_op[op] = by_op.get(op, 0) + 1
+
+    if args.by != "type":
+        unused = [k for k, _ in args.rules if k not in used_keys]
+        if unused:
+            sample = [node_identity(n, gm)[0] for n in gm.graph.nodes if n.op in _CALLS
+                      and node_identity(n, gm)[2] in (*QUANTIZABLE_OPS, SDPA)][:8]
+            raise PassArgsError(f"quantize_transform_pass: by={args.by!r} key(s) {unused} matched no quantizable "
+                                f"node; quantizable nodes include {sample}")
+    if rw.swaps:
+        inject_modules(gm, {"predicate": lambda n, m, op: n in rw.swaps}, None,
+                       lambda n, m: rw.swaps[n](m), what="quantizable layer")
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for node_name, op, fmt, config, rule, quantizers in pending_records:
+        node = nodes[node_name]
+        new_cls = type(gm.get_submodule(str(node.target)))
+        get_meta(node).common.module_type = f"{new_cls.__module__}.{new_cls.__qualname__}"
+        if "module" in quantizers:  # SDPA module: list its slots
+            sdpa = gm.get_submodule(str(node.target))
+            assert isinstance(sdpa, QuantizedSDPA)
+            quantizers = {s: f"{node.target}.{s}_quantizer" for s in sdpa.quantizers()}
+        _record(node, op, fmt, config, rule, quantizers)
+    total = sum(1 for _, m in gm.named_modules() if isinstance(m, Quantize))
+    return graph, {"quantized_nodes": sum(by_op.values()), "by_op": by_op, "inserted_quantizer_nodes": rw.inserted,
+                   "quantizers": total}
+
+
+_quantize.__name__ = _quantize.__qualname__ = "quantize_transform_pass"
+_registered = forge_pass("transform", QuantizeConfig)(_quantize)
+
+
+def quantize_transform_pass(graph: ForgeGraph, pass_args: Mapping[str, Any] | QuantizeConfig | None = None
+                            ) -> tuple[ForgeGraph, dict[str, Any]]:
+    """Quantize ``graph`` in place with a MASE config (``by``/``default``/op or name keys).
+
+    The config is validated first (unknown format, key, op type or regex: PassArgsError listing the
+    allowed values) and never mutated. Returns ``(graph, {"quantized_nodes", "by_op", ...})``.
+    """
+    try:
+        config = QuantizeConfig.from_dict({} if pass_args is None else pass_args)
+    except QuantizeConfigError as exc:
+        raise PassArgsError(f"quantize_transform_pass: {exc}") from None
+    return _registered(graph, config)
+
+
+quantize_transform_pass.pass_name = "quantize_transform_pass"  # type: ignore[attr-defined]
+quantize_transform_pass.pass_kind = "transform"  # type: ignore[attr-defined]
+quantize_transform_pass.args_type = QuantizeConfig  # type: ignore[attr-defined]
+PASSES["quantize_transform_pass"] = quantize_transform_pass

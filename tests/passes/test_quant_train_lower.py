@@ -1,0 +1,124 @@
+"""QAT with the HF Trainer on a quantized graph, and lowering scaled int8 to real int8 kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import bert_inputs, make_tiny_bert
+from fxforge import ForgeGraph
+from fxforge.graph.metadata import get_meta
+from fxforge.passes.base import PassError
+from fxforge.passes.quantize import (
+    Int8Linear,
+    LoweringRecord,
+    QuantizedLinear,
+    lower_int8_transform_pass,
+    quantize_transform_pass,
+)
+
+INT8 = {"by": "type", "linear": {"config": {"name": "scaled_integer", "data_in_width": 8, "data_in_dynamic": True,
+                                            "data_in_symmetric": False, "weight_width": 8,
+                                            "weight_granularity": "per_channel"}}}
+
+
+@pytest.fixture(scope="module")
+def bert_graph() -> ForgeGraph:
+    return ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
+
+
+def test_qat_step_with_hf_trainer(tmp_path: Path) -> None:
+    from fxforge.data import get_tokenized_dataset, get_trainer
+    from fxforge.models.bert import tiny_bert
+
+    model = tiny_bert(num_hidden_layers=1, max_position_embeddings=32)
+    mg = ForgeGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])
+    cfg = {"by": "type", "linear": {"config": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 5,
+                                               "weight_width": 8, "weight_frac_width": 7}}}
+    mg, _ = quantize_transform_pass(mg, cfg)
+    ds, tok = get_tokenized_dataset("imdb", checkpoint="minilm", return_tokenizer=True, max_length=24, limit=8,
+                                    test_limit=4)
+    trainer = get_trainer(mg.model, ds, tok, output_dir=str(tmp_path), max_steps=2, learning_rate=1e-2,
+                          per_device_train_batch_size=4, training_args={"eval_strategy": "no"})
+    layer = mg.model.get_submodule("bert.encoder.layer.0.intermediate.dense")
+    assert isinstance(layer, QuantizedLinear)
+    before = layer.weight.detach().clone()
+    result = trainer.train()
+    assert result.global_step == 2 and torch.isfinite(torch.tensor(result.training_loss))
+    assert not torch.equal(layer.weight.detach(), before)  # STE gradients reached the fp32 weights
+    # the shadow weights moved, the quantized ones stay on the fixed-point grid
+    assert layer.weight_quantizer is not None
+    wq = layer.weight_quantizer(layer.weight.detach())
+    assert torch.equal(wq * 128, torch.round(wq * 128))
+
+
+def test_lower_int8_close_to_fp32_and_reloads(bert_graph: ForgeGraph, tmp_path: Path) -> None:
+    mg = bert_graph.copy()
+    inputs = bert_inputs(labels=False, batch=4, seq=16)
+    with torch.no_grad():
+        ref = mg(**inputs).logits
+    mg, _ = quantize_transform_pass(mg, INT8)
+    with torch.no_grad():
+        simulated = mg(**inputs).logits
+    mg, info = lower_int8_transform_pass(mg, {"strict": True})
+    assert info["lowered"] == 14 and info["skipped"] == {}
+    layer = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query")
+    assert isinstance(layer, Int8Linear) and layer.weight_int8.dtype == torch.int8
+    assert get_meta(mg.node("classifier")).software.get(LoweringRecord) is not None
+    with torch.no_grad():
+        lowered = mg(**inputs).logits
+    scale = ref.abs().max()
+    assert (lowered - ref).abs().max() < 0.05 * scale
+    assert (lowered - simulated).abs().max() < 0.05 * scale
+    # the lowered weights are exactly the simulated per-channel int8 weights
+    fp = nn.Linear(32, 32)
+    q = QuantizedLinear.from_float(fp, _int8_config())
+    lin = Int8Linear.from_linear(fp)
+    assert torch.equal(lin.dequantized_weight(), q.weight_quantizer(fp.weight.detach()))
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "int8"))
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).logits, lowered)
+    assert loaded.model.get_submodule("classifier").weight_int8.dtype == torch.int8
+    copied = mg.copy()
+    with torch.no_grad():
+        assert torch.equal(copied(**inputs).logits, lowered)
+
+
+def _int8_config():  # the OpQuantConfig of INT8's linear entry
+    from fxforge.passes.quantize.config import QuantizeConfig
+
+    return QuantizeConfig.from_dict(INT8).rule_for("x", "linear")[1]
+
+
+@pytest.mark.parametrize("backend", ["onednn"])
+def test_lower_int8_other_backend(backend: str) -> None:
+    lin = nn.Linear(64, 48)
+    x = torch.randn(2, 5, 64)
+    low = Int8Linear.from_linear(lin, backend=backend)
+    with torch.no_grad():
+        assert (low(x) - lin(x)).abs().max() < 0.05 * lin(x).abs().max()
+
+
+def test_lower_int8_refuses_other_formats(bert_graph: ForgeGraph) -> None:
+    mg = bert_graph.copy()
+    cfg = {"by": "type", "linear": {"config": {"name": "integer", "weight_width": 8, "weight_frac_width": 7}}}
+    mg, _ = quantize_transform_pass(mg, cfg)
+    with pytest.raises(PassError, match="weight is not 8-bit symmetric scaled_integer"):
+        lower_int8_transform_pass(mg, {"strict": True})
+    with pytest.raises(PassError, match="no scaled-int8 quantized linear matched"):
+        lower_int8_transform_pass(mg)
+
+
+def test_report_on_lowered_graph_needs_a_baseline(bert_graph: ForgeGraph) -> None:
+    from fxforge.passes.quantize import quantization_report_analysis_pass
+
+    fp32 = bert_graph
+    mg, _ = quantize_transform_pass(fp32.copy(), INT8)
+    mg, _ = lower_int8_transform_pass(mg)
+    data = [bert_inputs(labels=False)]
+    with pytest.raises(PassError, match="pass {'baseline'"):
+        quantization_report_analysis_pass(mg, {"data": data})
+    _, rep = quantization_report_analysis_pass(mg, {"data": data, "baseline": fp32})
+    assert rep["output_sqnr_db"] > 15 and len(rep["nodes"]) == 14
