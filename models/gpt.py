@@ -1,8 +1,9 @@
 """A small GPT with a pluggable token mixer: causal rotary self-attention or AFNO (see ``models/afno.py``).
 
 Pre-LayerNorm blocks ``x = x + s * mixer(ln1(x)); x = x + mlp(ln2(x))`` where ``s = mixer_scale`` scales
-only the token-mixer branch (default ``1 / sqrt(2 * n_layer)``, like ``attn_scale`` in modded-nanogpt). The model returns logits only: the loss (:func:`lm_loss`) and the
-optimizer parameter groups (:func:`param_groups`) live outside it so that graph passes see a pure forward.
+only the token-mixer branch (default ``1 / sqrt(2 * n_layer)``, like ``attn_scale`` in modded-nanogpt).
+The model returns logits only: the loss (:func:`lm_loss`) and the optimizer parameter groups
+(:func:`param_groups`) live outside it so that graph passes see a pure forward.
 The forward pass avoids data-dependent Python control flow, so ``torch.fx.symbolic_trace`` and
 ``torch.export.export`` both capture it.
 """
