@@ -63,6 +63,37 @@ def check_lora_hparams(rank: Any, alpha: Any, dropout: Any, init: Any = "kaiming
         raise ValueError(f"'init' must be one of {list(LORA_INITS)}, got {init!r}")
 
 
+class _DropoutDown(torch.autograd.Function):
+    """``F.linear(dropout(x), A) * factor``: the adapter's dropout and down-projection, faster on CPU.
+
+    ``nn.Dropout`` then ``F.linear`` (PEFT's path) draws the mask with ``bernoulli_``, scales it and keeps
+    a dropped copy of ``x`` plus the mask for backward. Here the mask is ``rand >= p`` (half the cost of
+    ``bernoulli_`` on CPU), the ``1 / (1 - p)`` scale is folded into ``factor`` (applied to the rank-wide
+    result), and ``x`` itself (shared by the adapters that read it, e.g. q, k and v) and the 0/1 mask are
+    kept, ``x * mask`` being recomputed for A's gradient: every full-width pass is one plain float
+    multiply. Saved activations stay at PEFT's level (a float mask instead of a copy plus a bool mask).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, p: float, factor: float) -> torch.Tensor:
+        mask = torch.rand_like(x).ge_(p)  # 1.0 keeps an element, 0.0 drops it; P(keep) = 1 - p
+        ctx.save_for_backward(x, mask, weight)
+        ctx.factor = factor
+        return F.linear(x * mask, weight) * factor
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        x, mask, weight = ctx.saved_tensors
+        grad = grad * ctx.factor
+        grad_x = (grad @ weight).mul_(mask) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            kept = x * mask
+            grad_w = grad.reshape(-1, grad.shape[-1]).t() @ kept.reshape(-1, kept.shape[-1])
+        return grad_x, grad_w, None, None
+
+
 class LoraLinear(nn.Module):
     """``base(x) + scaling * B(A(dropout(x)))`` around a frozen ``nn.Linear`` (its bias included).
 
@@ -116,8 +147,11 @@ class LoraLinear(nn.Module):
             return self.base.weight + self.delta_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Scale the rank-wide activation (rank << out_features) instead of the output: fewer flops.
-        low = F.linear(self.lora_dropout(x), self.lora_A) * self.scaling
+        # Scale the rank-wide activation (rank << out_features) rather than the output: fewer flops.
+        if self.training and self.dropout_p > 0 and torch.is_grad_enabled():
+            low = _DropoutDown.apply(x, self.lora_A, self.dropout_p, self.scaling / (1.0 - self.dropout_p))
+        else:
+            low = F.linear(self.lora_dropout(x), self.lora_A) * self.scaling
         return self.base(x) + F.linear(low, self.lora_B)
 
     def extra_repr(self) -> str:
