@@ -41,15 +41,21 @@ class LoraCheckpointError(CheckpointError):
     """An adapter checkpoint cannot be written, read or applied; the message names the file or layer."""
 
 
-def base_fingerprint(module: nn.Linear) -> str:
-    """SHA-256 of a Linear's weight (and bias) bytes, dtype and shape: identifies the base an adapter fits."""
+def base_fingerprint(module: nn.Linear, skip: frozenset[str] = frozenset()) -> str:
+    """SHA-256 of a Linear's weight and bias (bytes, dtype, shape), minus the ``skip`` names (saved ones)."""
     h = hashlib.sha256()
-    for t in (module.weight, module.bias):
-        if t is not None:
+    for attr in ("weight", "bias"):
+        t = getattr(module, attr)
+        if t is not None and attr not in skip:
             t = t.detach().cpu().contiguous()
             h.update(f"{t.dtype}{tuple(t.shape)}".encode())
             h.update(t.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _saved_base(layer: str, extras: list[str]) -> frozenset[str]:
+    """Base tensors of ``layer`` stored as trained extras (e.g. a trained bias): not part of the fingerprint."""
+    return frozenset(a for a in ("weight", "bias") if f"{layer}.base.{a}" in extras)
 
 
 def _sha(data: bytes) -> dict[str, Any]:
@@ -64,23 +70,22 @@ def save_lora_adapters(graph: ForgeGraph, path: str | Path, include_trainable: b
         raise LoraCheckpointError("the graph has no LoRA adapters to save: run insert_lora_adapter_transform_pass "
                                   "first (or save the fused graph with graph.export)")
     tensors: dict[str, torch.Tensor] = {}
-    entries: list[dict[str, Any]] = []
-    owned: set[int] = set()
-    for _, name, m in layers:
-        if any(e["name"] == name for e in entries):
-            continue
-        tensors[f"{name}.lora_A"] = m.lora_A.detach().cpu().contiguous().clone()
-        tensors[f"{name}.lora_B"] = m.lora_B.detach().cpu().contiguous().clone()
-        owned.update((id(m.lora_A), id(m.lora_B)))
-        entries.append({"name": name, "in_features": m.in_features, "out_features": m.out_features,
-                        "bias": m.base.bias is not None, "rank": m.rank, "alpha": m.alpha, "dropout": m.dropout_p,
-                        "init": m.init, "base_sha256": base_fingerprint(m.base)})
+    owned = {id(p) for _, _, m in layers for p in (m.lora_A, m.lora_B)}
     extras: list[str] = []
     if include_trainable:
         for pname, p in gm.named_parameters():
             if p.requires_grad and id(p) not in owned:
                 tensors[pname] = p.detach().cpu().contiguous().clone()
                 extras.append(pname)
+    entries: list[dict[str, Any]] = []
+    for _, name, m in layers:
+        if any(e["name"] == name for e in entries):
+            continue
+        tensors[f"{name}.lora_A"] = m.lora_A.detach().cpu().contiguous().clone()
+        tensors[f"{name}.lora_B"] = m.lora_B.detach().cpu().contiguous().clone()
+        entries.append({"name": name, "in_features": m.in_features, "out_features": m.out_features,
+                        "bias": m.base.bias is not None, "rank": m.rank, "alpha": m.alpha, "dropout": m.dropout_p,
+                        "init": m.init, "base_sha256": base_fingerprint(m.base, _saved_base(name, extras))})
     config = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "layers": entries, "extras": extras,
               "history": [r.to_json() for r in graph.history]}
     files = {CONFIG: json.dumps(config, indent=1, sort_keys=True).encode(),
@@ -181,7 +186,7 @@ def load_lora_adapters(graph: ForgeGraph, path: str | Path,
             problems.append(f"{name}: shape ({module.in_features}->{module.out_features}, bias "
                             f"{module.bias is not None}) differs from the adapter's ({e['in_features']}->"
                             f"{e['out_features']}, bias {e['bias']})")
-        elif check_base and f"{name}.weight" not in extra_set and base_fingerprint(module) != e["base_sha256"]:
+        elif check_base and base_fingerprint(module, _saved_base(name, extras)) != e["base_sha256"]:
             problems.append(f"{name}: base weights differ from those the adapter was trained on "
                             "(load_lora_adapters(..., check_base=False) to apply it anyway)")
     if problems:

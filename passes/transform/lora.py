@@ -9,6 +9,8 @@ plain ``nn.Linear`` per layer (the same arithmetic as PEFT's ``merge_and_unload`
 
 Defaults (documented choices):
 
+* ``rank=8, alpha=8.0, dropout=0.0, init="kaiming"``: PEFT's defaults (scaling 1). MASE's tutorial keys
+  ``rank``/``alpha``/``dropout`` all take effect; any other key is an error listing the allowed ones.
 * ``targets``: every ``nn.Linear`` of the graph (MASE parity; for BERT that is query/key/value/dense,
   the pooler and the classifier). A selector narrows it; LoRA candidates are always nn.Linear layers,
   so ``{"regex": r".*attention.*"}`` adapts the attention's linears and ignores its dropout. A selected

@@ -61,6 +61,9 @@ def _rewrite(path: Path, config: dict | None = None, weights: dict | None = None
 
 def test_adapter_checkpoint_round_trip(base_graph: ForgeGraph, tmp_path: Path) -> None:
     mg = _trained(base_graph)
+    bias = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query").base.bias
+    with torch.no_grad():  # an adapted layer's bias trained too (LoRA + BitFit): saved as an extra
+        bias.requires_grad_(True).add_(0.5)
     inputs = bert_inputs()
     with torch.no_grad():
         expected = mg(**inputs).logits
@@ -68,12 +71,13 @@ def test_adapter_checkpoint_round_trip(base_graph: ForgeGraph, tmp_path: Path) -
     assert sorted(f.name for f in path.iterdir()) == sorted([CONFIG, WEIGHTS, MANIFEST])
     stored = safetensors.torch.load_file(str(path / WEIGHTS))
     assert set(stored) == {f"{p}.lora_{x}" for _, p, _ in lora_layers(mg.model) for x in "AB"} | {
-        "classifier.weight", "classifier.bias"}  # only the adapters and the trained head, no base weights
+        "classifier.weight", "classifier.bias", "bert.encoder.layer.0.attention.self.query.base.bias"}
     fresh = ForgeGraph(make_tiny_bert(), hf_input_names=HF_NAMES).eval()
     with torch.no_grad():
         assert (fresh(**inputs).logits - expected).abs().max() > 1e-3
     _, info = load_lora_adapters(fresh, path)
-    assert len(info["adapted"]) == 10 and info["extras"] == ["classifier.weight", "classifier.bias"]
+    assert len(info["adapted"]) == 10 and info["extras"] == [
+        "bert.encoder.layer.0.attention.self.query.base.bias", "classifier.weight", "classifier.bias"]
     with torch.no_grad():
         assert (fresh(**inputs).logits - expected).abs().max() <= 1e-6
     ranks = {p: m.rank for _, p, m in lora_layers(fresh.model)}
