@@ -259,7 +259,7 @@ _METRICS = {"accuracy": accuracy_metric}
 
 
 def get_trainer(
-    model: nn.Module,
+    model: Any,
     tokenized_dataset: Mapping[str, Any],
     tokenizer: Any,
     evaluate_metric: str = "accuracy",
@@ -291,8 +291,12 @@ def get_trainer(
     missing = [s for s in ("train", "test") if s not in tokenized_dataset]
     if missing:
         raise ValueError(f"tokenized_dataset lacks split(s) {missing}; expected 'train' and 'test'")
+    from .graph.forge_graph import ForgeGraph
+
+    if isinstance(model, ForgeGraph):
+        model = model.model  # MASE passes mg.model; accept the ForgeGraph itself too
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise TypeError(f"model must be a torch.nn.Module or ForgeGraph, got {type(model).__name__}")
 
     static = _static_batch_shape(model)
     is_graph = isinstance(model, torch.fx.GraphModule)
