@@ -49,7 +49,7 @@ class Param:
         if self.default is None and value is None:
             return None
         if not ok:
-            raise QuantizeConfigError(f"{where} must be a {self.kind.__name__}, got {value!r}")
+            raise QuantizeConfigError(f"{where} must be of type {self.kind.__name__}, got {value!r}")
         if self.choices and value not in self.choices:
             raise QuantizeConfigError(f"{where} = {value!r} is not allowed; allowed: {list(self.choices)}")
         if self.minimum is not None and value < self.minimum or self.maximum is not None and value > self.maximum:

@@ -1,0 +1,92 @@
+"""Int8 lowering speed: MiniLM-L6 classifier forward at batch 8, length 128, fp32 vs int8 linears.
+
+Every variant is the same export-captured ForgeGraph; the int8 ones are quantized with scaled int8
+(per-channel symmetric weights, dynamic activations) and lowered with lower_int8_transform_pass.
+Variants run interleaved (round robin) so that load from other processes hits them alike; the
+ratio of median forward times is reported, plus accuracy-free output agreement.
+
+    .venv/bin/python -m fxforge.benchmarks.bench_quant_int8 [--rounds 15] [--backends fbgemm onednn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
+from fxforge.passes.quantize import lower_int8_transform_pass, quantize_transform_pass  # noqa: E402
+
+INT8_LINEAR = {"by": "type", "default": {"config": {"name": None}},
+               "linear": {"config": {"name": "scaled_integer", "data_in_width": 8, "data_in_dynamic": True,
+                                     "data_in_symmetric": False, "weight_width": 8,
+                                     "weight_granularity": "per_channel"}}}
+
+
+def int8_graph(model: torch.nn.Module, backend: str, reduce_range: bool = False) -> ForgeGraph:
+    """MiniLM captured, every linear quantized to scaled int8 and lowered to real int8 kernels."""
+    mg = ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"]).eval()
+    mg, _ = quantize_transform_pass(mg, INT8_LINEAR)
+    mg, info = lower_int8_transform_pass(mg, {"backend": backend, "reduce_range": reduce_range, "strict": True})
+    return mg
+
+
+def time_variants(variants: dict[str, Any], inputs: dict[str, torch.Tensor], rounds: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    with torch.inference_mode():
+        for fn in variants.values():  # warm up (packing, allocator)
+            fn(**inputs)
+            fn(**inputs)
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                start = time.perf_counter()
+                fn(**inputs)
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--backends", nargs="+", default=["fbgemm", "onednn"])
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+
+    from fxforge.models.bert import minilm_for_sequence_classification
+
+    torch.manual_seed(0)
+    model = minilm_for_sequence_classification().eval()
+    gen = torch.Generator().manual_seed(0)
+    inputs = {"input_ids": torch.randint(1000, 20000, (args.batch, args.length), generator=gen),
+              "attention_mask": torch.ones(args.batch, args.length, dtype=torch.long)}
+    fp32 = ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"]).eval()
+    variants: dict[str, Any] = {"fp32": fp32}
+    for backend in args.backends:
+        variants[f"int8-{backend}"] = int8_graph(model, backend)
+    with torch.inference_mode():
+        ref = fp32(**inputs).logits
+        agreement = {k: float((v(**inputs).logits - ref).abs().max()) for k, v in variants.items()}
+    times = time_variants(variants, inputs, args.rounds)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    result = {
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "batch": args.batch, "length": args.length,
+        "rounds": args.rounds, "median_ms": med, "min_ms": {k: min(v) * 1e3 for k, v in times.items()},
+        "speedup_vs_fp32": {k: med["fp32"] / v for k, v in med.items()}, "max_abs_logit_diff": agreement,
+        "loadavg": os.getloadavg(),
+    }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
