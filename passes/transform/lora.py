@@ -65,33 +65,41 @@ def check_lora_hparams(rank: Any, alpha: Any, dropout: Any, init: Any = "kaiming
         raise ValueError(f"'init' must be one of {list(LORA_INITS)}, got {init!r}")
 
 
-class _DropoutDown(torch.autograd.Function):
-    """``F.linear(dropout(x), A) * factor``: the adapter's dropout and down-projection, faster on CPU.
+def _keep_mask(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    """The 0/1 dropout mask (1 keeps, P = 1 - p) drawn from its own generator: the same seed, the same mask."""
+    gen = torch.Generator(device=x.device)
+    gen.manual_seed(seed)
+    return torch.rand(x.shape, generator=gen, dtype=x.dtype, device=x.device).ge_(p)
 
-    ``nn.Dropout`` then ``F.linear`` (PEFT's path) draws the mask with ``bernoulli_``, scales it and keeps
-    a dropped copy of ``x`` plus the mask for backward. Here the mask is ``rand >= p`` (half the cost of
-    ``bernoulli_`` on CPU), the ``1 / (1 - p)`` scale is folded into ``factor`` (applied to the rank-wide
-    result), and ``x`` itself (shared by the adapters that read it, e.g. q, k and v) and the 0/1 mask are
-    kept, ``x * mask`` being recomputed for A's gradient: every full-width pass is one plain float
-    multiply. Saved activations stay at PEFT's level (a float mask instead of a copy plus a bool mask).
+
+class _DropoutDown(torch.autograd.Function):
+    """``F.linear(dropout(x), A) * factor``: the adapter's dropout and down-projection, lean in memory.
+
+    ``nn.Dropout`` then ``F.linear`` (PEFT's path) keeps, per adapter, a dropped copy of ``x`` and its
+    mask until backward (q, k and v each keep their own). Here only ``x`` (shared by the adapters that
+    read it) and a seed are kept; backward redraws the mask from the seed. MiniLM at dropout 0.1 keeps
+    ~25 % fewer activation bytes than PEFT, as many as without dropout. Drawing ``rand >= p`` costs
+    half a ``bernoulli_`` on CPU, so two draws cost what PEFT's one does; the ``1 / (1 - p)`` scale is
+    folded into ``factor`` (applied to the rank-wide result).
     """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, p: float, factor: float) -> torch.Tensor:
-        mask = torch.rand_like(x).ge_(p)  # 1.0 keeps an element, 0.0 drops it; P(keep) = 1 - p
-        ctx.save_for_backward(x, mask, weight)
-        ctx.factor = factor
-        return F.linear(x * mask, weight) * factor
+        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())  # from the global RNG: reproducible
+        ctx.save_for_backward(x, weight)
+        ctx.seed, ctx.p, ctx.factor = seed, p, factor
+        return F.linear(x * _keep_mask(x, p, seed), weight) * factor
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
-        x, mask, weight = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
+        mask = _keep_mask(x, ctx.p, ctx.seed)
         grad = grad * ctx.factor
         grad_x = (grad @ weight).mul_(mask) if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
-            kept = x * mask
+            kept = mask.mul_(x)
             grad_w = grad.reshape(-1, grad.shape[-1]).t() @ kept.reshape(-1, kept.shape[-1])
         return grad_x, grad_w, None, None
 

@@ -63,7 +63,7 @@ def test_insert_is_a_no_op_and_keeps_frozen_weight_and_bias(mg: ForgeGraph) -> N
 
 
 def test_memory_saving_dropout_path_has_exact_gradients() -> None:
-    """Train-mode adapters with dropout use a custom autograd function: same output and gradients as autograd."""
+    """Train-mode dropout adapters redraw their mask in backward: same output and gradients as plain autograd."""
     lora = LoraLinear(nn.Linear(12, 7), rank=3, alpha=6.0, dropout=0.3).train()
     with torch.no_grad():
         lora.lora_B.normal_()
@@ -73,13 +73,14 @@ def test_memory_saving_dropout_path_has_exact_gradients() -> None:
     out.square().sum().backward()
     got = (x.grad.clone(), lora.lora_A.grad.clone(), lora.lora_B.grad.clone())
     x.grad = lora.lora_A.grad = lora.lora_B.grad = None
-    torch.manual_seed(11)  # the same dropout mask, through plain autograd
-    dropped = x * torch.rand_like(x).ge_(0.3) / 0.7
+    torch.manual_seed(11)  # the same dropout mask (seed from the global RNG, own generator), plain autograd
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+    dropped = x * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)).ge_(0.3) / 0.7
     ref = lora.base(x) + 2.0 * nn.functional.linear(nn.functional.linear(dropped, lora.lora_A), lora.lora_B)
     ref.square().sum().backward()
     assert torch.allclose(out, ref, atol=1e-6)
     for a, b in zip(got, (x.grad, lora.lora_A.grad, lora.lora_B.grad)):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)  # same math, other summation order
     assert lora.base.weight.grad is None
     with torch.no_grad():
         assert (lora.eval()(x) - out).abs().max() > 1e-3  # the mask did drop something
