@@ -2,31 +2,37 @@
 
 Simulation (quantize -> dequantize in fp32) never makes a model faster; this pass replaces every
 :class:`QuantizedLinear` whose weight is 8-bit symmetric ``scaled_integer`` by :class:`Int8Linear`,
-which stores int8 weights with per-output-channel scales and runs a real int8 kernel:
+which stores int8 weights with per-output-channel (or per-tensor) scales and runs a real kernel:
 
-* ``fbgemm`` (default): ``quantized::linear_dynamic`` -- activations are quantized per tensor to
-  uint8 on the fly inside the kernel (range of each batch), int8 x uint8 GEMM with int32
-  accumulation, fp32 bias and output. Measured fastest on this CPU (benchmarks/bench_quant_int8.py).
-* ``onednn``: ``onednn::qlinear_pointwise`` with the same dynamic per-tensor activation quantization
-  done in torch ops before the call.
+* ``onednn`` (``auto`` picks it when this torch build has it): ``onednn::qlinear_pointwise``
+  (AMX / VNNI int8 GEMM, int32 accumulation, fp32 bias and output). The input is quantized to uint8
+  per tensor with the *calibrated* scale of the simulated ``data_in`` quantizer (static, as in the
+  simulation: asymmetric ranges keep their zero point, symmetric ones use zero point 128), or per
+  batch (``quantize_per_tensor_dynamic``) when ``data_in`` is dynamic or not quantized.
+* ``fbgemm``: ``quantized::linear_dynamic`` -- always dynamic per-tensor uint8 inputs, quantized
+  inside the kernel.
 
-Activations are always quantized dynamically (per batch, asymmetric uint8), whatever the simulated
-``data_in`` config was; weights keep the simulated per-channel (or per-tensor) symmetric scales, so
-the lowered weights equal the simulated ones. The packed kernel weight is rebuilt lazily from the
-int8 buffers, so the module checkpoints as plain int8/fp32 tensors (safetensors) and reloads exactly.
+On this CPU (Sapphire Rapids, 2 cores) onednn with static inputs was fastest; see
+``benchmarks/bench_quant_int8.py``. Both paths build transient quantized tensors
+(``quantize_per_tensor``, fbgemm's prepack), which torch 2.13 deprecates; the warnings are
+silenced here. The packed kernel weight is rebuilt lazily from the int8 buffers, so the module
+checkpoints as plain int8/fp32 tensors (safetensors) and reloads exactly.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 
 from ...graph import targets
 from ...graph.forge_graph import ForgeGraph
+from ...graph.ir import classify
 from ...graph.metadata import get_meta, has_meta
 from ..base import forge_pass
 from ..transform.inject import inject_modules
@@ -34,41 +40,74 @@ from .fixed import scale_zero_point, tensor_range
 from .modules import QuantizedLinear
 from .records import LoweringRecord, QuantizationRecord
 
-__all__ = ["Int8Linear", "lower_int8_transform_pass", "LowerInt8Args", "BACKENDS", "lowerable"]
+__all__ = ["Int8Linear", "lower_int8_transform_pass", "LowerInt8Args", "BACKENDS", "lowerable", "onednn_available"]
 
-BACKENDS: tuple[str, ...] = ("fbgemm", "onednn")
+BACKENDS: tuple[str, ...] = ("onednn", "fbgemm")
+POST_OPS: tuple[str, ...] = ("none", "gelu", "relu")
+_QUANTIZED_TENSOR_WARNING = ".*quantized tensor creation functions.*"
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's int8 linear (x86 CPUs)."""
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn.qlinear_pointwise, "default")
+    except (AttributeError, RuntimeError):
+        return False
 
 
 class Int8Linear(nn.Module):
-    """A linear layer with int8 weights (per-output-channel scales) on a real int8 CPU kernel."""
+    """A linear layer with int8 weights on a real int8 CPU kernel (see the module docstring).
+
+    ``static_input``: quantize inputs with the stored ``input_scale``/``input_zero_point`` (uint8)
+    instead of each batch's range (onednn only). ``post_op``: an activation fused into the kernel's
+    epilogue (``gelu`` with ``post_op_algorithm`` ``none`` (erf) or ``tanh``, or ``relu``; onednn).
+    """
 
     fxforge_op = "linear"
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, backend: str = "fbgemm",
-                 reduce_range: bool = False) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, backend: str = "onednn",
+                 reduce_range: bool = False, static_input: bool = False, post_op: str = "none",
+                 post_op_algorithm: str = "") -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"unknown int8 backend {backend!r}; allowed: {list(BACKENDS)}")
+        if static_input and backend != "onednn":
+            raise ValueError("static (calibrated) input scales need backend 'onednn'; fbgemm is dynamic only")
+        if post_op not in POST_OPS or (post_op != "none" and backend != "onednn"):
+            raise ValueError(f"post_op must be one of {list(POST_OPS)} (fused by onednn only), got {post_op!r}")
+        if post_op_algorithm not in ("", "none", "tanh"):
+            raise ValueError(f"post_op_algorithm must be '', 'none' or 'tanh', got {post_op_algorithm!r}")
+        self.post_op, self.post_op_algorithm = post_op, post_op_algorithm
         self.in_features, self.out_features = int(in_features), int(out_features)
-        self.backend, self.reduce_range = backend, bool(reduce_range)
+        self.backend, self.reduce_range, self.static_input = backend, bool(reduce_range), bool(static_input)
         self.register_buffer("weight_int8", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.register_buffer("input_scale", torch.ones(()))
+        self.register_buffer("input_zero_point", torch.zeros(()))
         self._kernel: dict[str, Any] = {}  # packed weight (not a tensor attribute: never checkpointed)
 
     @classmethod
-    def from_linear(cls, layer: nn.Linear, per_channel: bool = True, backend: str = "fbgemm",
-                    reduce_range: bool = False) -> Int8Linear:
-        """Quantize ``layer``'s weight symmetrically to int8 (narrow range [-127, 127])."""
+    def from_linear(cls, layer: nn.Linear, per_channel: bool = True, backend: str = "onednn",
+                    reduce_range: bool = False, input_range: tuple[float, int] | None = None) -> Int8Linear:
+        """Quantize ``layer``'s weight symmetrically to int8 (narrow range [-127, 127]).
+
+        ``input_range``: a static (scale, uint8 zero point) for the inputs; None quantizes per batch.
+        """
         w = layer.weight.detach().float()
         lo, hi = tensor_range(w, 0 if per_channel else None)
         scale, _ = scale_zero_point(lo, hi, 8, symmetric=True)
         scale = scale.expand(w.shape[0]).contiguous() if scale.dim() == 0 else scale
-        new = cls(layer.in_features, layer.out_features, layer.bias is not None, backend, reduce_range)
+        new = cls(layer.in_features, layer.out_features, layer.bias is not None, backend, reduce_range,
+                  static_input=input_range is not None)
         new.weight_int8 = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
         new.weight_scale = scale.float()
         if layer.bias is not None:
             new.bias = layer.bias.detach().float().clone()
+        if input_range is not None:
+            new.input_scale = torch.tensor(float(input_range[0]))
+            new.input_zero_point = torch.tensor(float(input_range[1]))
         return new.to(w.device)
 
     def dequantized_weight(self) -> torch.Tensor:
@@ -87,46 +126,62 @@ class Int8Linear(nn.Module):
         state["_kernel"] = {}
         return state
 
-    def _pack(self) -> Any:
-        if "packed" not in self._kernel:
+    def _pack(self) -> dict[str, Any]:
+        if not self._kernel:
             zero = torch.zeros(self.out_features, dtype=torch.long)
-            if self.backend == "fbgemm":
-                with warnings.catch_warnings():  # quantized tensors are deprecated but fbgemm's prepack needs one
-                    warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_QUANTIZED_TENSOR_WARNING)
+                if self.backend == "fbgemm":
                     qw = torch._make_per_channel_quantized_tensor(self.weight_int8, self.weight_scale.double(),
                                                                   zero, 0)
-                self._kernel["packed"] = torch.ops.quantized.linear_prepack(qw, self.bias)
-            else:
-                self._kernel["packed"] = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
-                self._kernel["zero"] = zero
-        return self._kernel["packed"]
+                    packed = torch.ops.quantized.linear_prepack(qw, self.bias)
+                else:
+                    packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
+            self._kernel = {"packed": packed, "zero": zero, "x_scale": float(self.input_scale),
+                            "x_zero_point": int(self.input_zero_point)}
+        return self._kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        packed = self._pack()
+        k = self._pack()
         if self.backend == "fbgemm":
-            return torch.ops.quantized.linear_dynamic(x.float(), packed, self.reduce_range)
+            return torch.ops.quantized.linear_dynamic(x.float(), k["packed"], self.reduce_range)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).float()
-        lo, hi = torch.aminmax(x2)
-        scale, zero_point = scale_zero_point(lo, hi, 8, symmetric=False)
-        xq = torch.clamp(torch.round(x2 / scale) + zero_point, 0, 255).to(torch.uint8)
-        y = torch.ops.onednn.qlinear_pointwise.tensor(
-            xq, scale, zero_point.to(torch.int32), packed, self.weight_scale, self._kernel["zero"], self.bias, 1.0, 0,
-            torch.float32, "none", [], "")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_QUANTIZED_TENSOR_WARNING)
+            if self.static_input:
+                scale, zero_point = k["x_scale"], k["x_zero_point"]
+                xq = torch.quantize_per_tensor(x2, scale, zero_point, torch.quint8).int_repr()
+            else:
+                q = torch.quantize_per_tensor_dynamic(x2, torch.quint8, self.reduce_range)
+                scale, zero_point, xq = q.q_scale(), q.q_zero_point(), q.int_repr()
+        y = torch.ops.onednn.qlinear_pointwise.default(
+            xq, scale, zero_point, k["packed"], self.weight_scale, k["zero"], self.bias, 1.0, 0, torch.float32,
+            self.post_op, [], self.post_op_algorithm)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, backend={self.backend}")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"backend={self.backend}, input={'static' if self.static_input else 'dynamic'}, post_op={self.post_op}")
 
 
 targets.register_module(
     Int8Linear,
     lambda m: {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None,
-               "backend": m.backend, "reduce_range": m.reduce_range},
+               "backend": m.backend, "reduce_range": m.reduce_range, "static_input": m.static_input,
+               "post_op": m.post_op, "post_op_algorithm": m.post_op_algorithm},
     lambda c: Int8Linear(**c),
     name="fxforge.quantize.Int8Linear",
 )
+
+
+def _input_range(layer: QuantizedLinear) -> tuple[float, int] | None:
+    """The static uint8 (scale, zero point) of a calibrated data_in quantizer; None if dynamic/absent."""
+    q = layer.data_in_quantizer
+    if q is None or not q.needs_calibration:
+        return None
+    scale = float(q.scale)
+    return (scale, int(q.zero_point)) if not q.params["symmetric"] else (scale, 128)
 
 
 def lowerable(layer: nn.Module) -> str | None:
@@ -139,6 +194,11 @@ def lowerable(layer: nn.Module) -> str | None:
     x = layer.quant.role("data_in")
     if x is not None and (x.format != "scaled_integer" or x.p["width"] != 8):
         return "data_in is quantized but not to 8-bit scaled_integer"
+    if x is not None and x.p["granularity"] == "per_channel":
+        return "data_in is per-channel (int8 GEMMs take one input scale)"
+    q = layer.data_in_quantizer
+    if q is not None and q.needs_calibration and not q.calibrated:
+        return "data_in is not calibrated (run calibrate_analysis_pass first)"
     if layer.quant.role("data_out") is not None:
         return "data_out is quantized (the int8 kernel returns fp32)"
     return None
@@ -146,18 +206,23 @@ def lowerable(layer: nn.Module) -> str | None:
 
 @dataclass(frozen=True)
 class LowerInt8Args:
-    """backend: ``fbgemm`` (quantized::linear_dynamic) or ``onednn`` (onednn::qlinear_pointwise);
-    reduce_range: 7-bit activations (for CPUs without VNNI, whose 16-bit accumulation can saturate);
-    strict: fail when a quantized linear cannot be lowered instead of leaving it simulated."""
+    """backend: ``auto`` (onednn when available, else fbgemm), ``onednn`` or ``fbgemm``;
+    reduce_range: 7-bit dynamic activations (for CPUs without VNNI, whose 16-bit accumulation can
+    saturate); strict: fail when a quantized linear cannot be lowered instead of leaving it simulated;
+    fuse_activations: fold a GELU/ReLU that only consumes a lowered linear into its kernel (onednn)."""
 
-    backend: Literal["fbgemm", "onednn"] = "fbgemm"
+    backend: Literal["auto", "onednn", "fbgemm"] = "auto"
     reduce_range: bool = False
     strict: bool = False
+    fuse_activations: bool = True
 
 
 @forge_pass("transform", LowerInt8Args)
 def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[ForgeGraph, dict[str, Any]]:
     """Swap scaled-int8 QuantizedLinear layers for Int8Linear (real int8 kernels)."""
+    backend = args.backend if args.backend != "auto" else ("onednn" if onednn_available() else "fbgemm")
+    if backend == "onednn" and not onednn_available():
+        raise ValueError("backend 'onednn' is not available in this torch build; use 'fbgemm'")
     gm = graph.model
     skipped: dict[str, str] = {}
     for name, module in gm.named_modules():
@@ -165,23 +230,71 @@ def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[F
             skipped[name] = why
     if skipped and args.strict:
         raise ValueError(f"cannot lower {len(skipped)} quantized linear(s) to int8: {skipped}")
+    static: dict[str, bool] = {}
 
     def build(name: str, module: nn.Module) -> nn.Module | None:
         if not isinstance(module, QuantizedLinear) or lowerable(module) is not None:
             return None
         w = module.quant.role("weight")
         assert w is not None
-        return Int8Linear.from_linear(module, w.p["granularity"] == "per_channel", args.backend, args.reduce_range)
+        input_range = _input_range(module) if backend == "onednn" else None
+        static[name] = input_range is not None
+        return Int8Linear.from_linear(module, w.p["granularity"] == "per_channel", backend, args.reduce_range,
+                                      input_range)
 
     done = inject_modules(gm, {"type": [QuantizedLinear]}, None, build, what="scaled-int8 quantized linear")
-    lowered = {d.name for d in done}
+    kernel = "onednn::qlinear_pointwise" if backend == "onednn" else "quantized::linear_dynamic"
     for node in gm.graph.nodes:
-        if node.op == "call_module" and str(node.target) in lowered and has_meta(node):
+        name = str(node.target)
+        if node.op == "call_module" and name in static and has_meta(node):
             meta = get_meta(node)
             meta.common.module_type = f"{Int8Linear.__module__}.{Int8Linear.__qualname__}"
-            meta.software.set(LoweringRecord(kernel="quantized::linear_dynamic" if args.backend == "fbgemm"
-                                             else "onednn::qlinear_pointwise"))
+            activation = "uint8 per-tensor " + ("static (calibrated)" if static[name] else "dynamic")
+            meta.software.set(LoweringRecord(kernel=kernel, activation=activation))
             rec = meta.software.get(QuantizationRecord)
             if rec is not None:
                 rec.quantizers = {}  # the simulated quantizers are gone; the config stays as provenance
-    return graph, {"lowered": len(done), "skipped": skipped, "backend": args.backend}
+    fused = _fuse_activations(gm, set(static)) if backend == "onednn" and args.fuse_activations else []
+    return graph, {"lowered": len(done), "static_inputs": sum(static.values()), "fused_activations": len(fused),
+                   "skipped": skipped, "backend": backend}
+
+
+def _activation(node: fx.Node, gm: fx.GraphModule) -> tuple[str, str] | None:
+    """(post_op, algorithm) when ``node`` is a GELU/ReLU of its first input only, else None."""
+    if node.op not in ("call_function", "call_method", "call_module"):
+        return None
+    op = classify(node, gm)[1]
+    if op == "relu" and len(node.args) == 1 and not node.kwargs:
+        return "relu", ""
+    if op != "gelu":
+        return None
+    if node.op == "call_module":
+        approximate = getattr(gm.get_submodule(str(node.target)), "approximate", "none")
+    else:
+        extra = {**dict(zip(("approximate",), node.args[1:])), **node.kwargs}
+        if set(extra) - {"approximate"}:
+            return None
+        approximate = extra.get("approximate", "none")
+    return ("gelu", approximate) if approximate in ("none", "tanh") else None
+
+
+def _fuse_activations(gm: fx.GraphModule, lowered: set[str]) -> list[str]:
+    """Fold ``act(int8_linear(x))`` into the linear's kernel when the activation is its only user."""
+    fused = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or str(node.target) not in lowered or len(node.users) != 1:
+            continue
+        user = next(iter(node.users))
+        act = _activation(user, gm)
+        module = gm.get_submodule(str(node.target))
+        if act is None or user.args[0] is not node or not isinstance(module, Int8Linear) or module.post_op != "none":
+            continue
+        module.post_op, module.post_op_algorithm = act
+        user.replace_all_uses_with(node)
+        gm.graph.erase_node(user)
+        if has_meta(node):
+            rec = get_meta(node).software.get(LoweringRecord)
+            if rec is not None:
+                rec.kernel += f" + fused {act[0]}"
+        fused.append(str(node.target))
+    return fused
