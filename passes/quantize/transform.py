@@ -158,15 +158,12 @@ class _Rewriter:
                                bound.get("scale"), bool(bound.get("enable_gqa", False)), mm, sm)
         path = f"{CONTAINER}.{node.name}"
         self.gm.add_submodule(path, module)
-        with self.gm.graph.inserting_before(node):
-            new = self.gm.graph.call_module(path, (bound["query"], bound["key"], bound["value"],
-                                                   bound.get("attn_mask")))
-        new.meta.update(node.meta)
-        node.replace_all_uses_with(new)
-        name = node.name
-        self.gm.graph.erase_node(node)
-        new._rename(name)  # keep the node's name: reports and baselines match nodes by name
-        return new
+        # Turn the node itself into the call_module: name, metadata and users stay (reports and
+        # baselines match nodes by name).
+        node.op, node.target = "call_module", path
+        node.args = (bound["query"], bound["key"], bound["value"], bound.get("attn_mask"))
+        node.kwargs = {}
+        return node
 
 
 def _sdpa_module(mm: OpQuantConfig | None, sm: OpQuantConfig | None) -> Callable[[nn.Module], nn.Module]:
@@ -238,6 +235,7 @@ def _quantize(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, dict
                 new = rw.sdpa_function(node, mm, sm)
                 sdpa = gm.get_submodule(str(new.target))
                 assert isinstance(sdpa, QuantizedSDPA)
+                get_meta(new).common.module_type = f"{QuantizedSDPA.__module__}.{QuantizedSDPA.__qualname__}"
                 _record(new, op, fmt, config, rule, {s: f"{new.target}.{s}_quantizer" for s in sdpa.quantizers()})
             else:
                 raise ValueError(f"node {node.name!r}: cannot quantize attention implemented by "

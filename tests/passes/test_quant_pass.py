@@ -247,3 +247,27 @@ def test_conv_matmul_bmm_relu_softmax_on_fx_model(tmp_path: Path) -> None:
     assert isinstance(w_q, Quantize) and w_q.is_param  # a get_attr parameter: quantized from itself
     loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "toy"))
     assert torch.equal(loaded(x, img), out)
+
+
+def test_attention_function_node_causal_gpt(tmp_path: Path) -> None:
+    """GPT's causal F.scaled_dot_product_attention (a call_function) becomes a QuantizedSDPA."""
+    idx = torch.randint(0, 64, (2, 12))
+    mg = ForgeGraph(make_gpt("attn"), example_inputs=idx, frontend="fx")
+    ref = mg(idx)
+    cfg = {"by": "type", "matmul": fixed(16, 12, ("data_in", "weight", "data_out")),
+           "softmax": fixed(16, 14, ("data_in", "data_out"))}
+    mg, info = quantize_transform_pass(mg, cfg)
+    assert info["by_op"] == {"scaled_dot_product_attention": 2}
+    node = mg.node("scaled_dot_product_attention")  # the node keeps its name, now a call_module
+    assert node.op == "call_module"
+    sdpa = mg.model.get_submodule(str(node.target))
+    assert isinstance(sdpa, QuantizedSDPA) and sdpa.is_causal
+    assert get_meta(node).software.get(QuantizationRecord).config["softmax"]["data_in_frac_width"] == 14
+    out = mg(idx)
+    assert 0 < (out - ref).abs().max() < 1e-2
+    # causality survives: changing the last token leaves earlier positions untouched
+    idx2 = idx.clone()
+    idx2[:, -1] = (idx2[:, -1] + 1) % 64
+    assert torch.equal(mg(idx2)[:, :-1], out[:, :-1])
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "gpt"))
+    assert torch.equal(loaded(idx), out)
