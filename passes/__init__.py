@@ -5,6 +5,15 @@ from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_
 from .analysis.report_graph import report_graph_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
 from .base import PASSES, PassArgsError, PassError, forge_pass, get_pass
+from .contract import (
+    ContractError,
+    EmptyInfo,
+    NumericalContract,
+    PassInfo,
+    current_properties,
+    holds,
+    register_property,
+)
 from .quantize import (
     calibrate_analysis_pass,
     lower_int8_transform_pass,
@@ -19,6 +28,13 @@ __all__ = [
     "PASSES",
     "PassArgsError",
     "PassError",
+    "ContractError",
+    "EmptyInfo",
+    "NumericalContract",
+    "PassInfo",
+    "current_properties",
+    "holds",
+    "register_property",
     "add_common_metadata_analysis_pass",
     "count_op_analysis_pass",
     "forge_pass",

@@ -13,13 +13,14 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import torch
 import torch.nn as nn
 
 from ..graph.forge_graph import ForgeGraph, PassRecord
+from .contract import NumericalContract, PassSpec, check_declared, holds, jsonable, requirement_errors
 
 PassKind = Literal["analysis", "transform"]
 PASS_KINDS: tuple[str, ...] = ("analysis", "transform")
@@ -39,7 +40,7 @@ class NoArgs:
 
 
 A = TypeVar("A")
-PassFn = Callable[..., tuple[Any, dict[str, Any]]]
+PassFn = Callable[..., tuple[Any, Any]]
 
 PASSES: dict[str, PassFn] = {}
 
@@ -110,62 +111,78 @@ def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] 
         raise PassArgsError(f"{pass_name}: {exc}") from exc
 
 
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, tuple | list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}>"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _jsonable(dataclasses.asdict(value))
-    if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
-    return f"<{type(value).__name__}>"
-
-
 def args_record(args: Any) -> dict[str, Any]:
     """JSON view of a pass's args for the graph's history (tensors summarised by shape and dtype)."""
-    return {f.name: _jsonable(getattr(args, f.name)) for f in dataclasses.fields(args)}
+    return {f.name: jsonable(getattr(args, f.name)) for f in dataclasses.fields(args)}
 
 
-def forge_pass(kind: PassKind, args_type: type[Any] = NoArgs, accepts_module: bool = False):
+def forge_pass(
+    kind: PassKind,
+    args_type: type[Any] = NoArgs,
+    *,
+    info: type[Any] | None = None,
+    requires: Iterable[str] = (),
+    forbids: Iterable[str] = (),
+    ensures: Iterable[str] = (),
+    invalidates: Iterable[str] = (),
+    contract: NumericalContract | None = None,
+    accepts_module: bool = False,
+):
     """Decorator turning ``fn(graph, args: args_type) -> (graph, info)`` into a registered pass.
 
-    ``accepts_module`` lets an analysis pass also take a bare nn.Module (MASE calls some of them
-    on ``mg.model``).
+    ``info`` is the pass's frozen :class:`PassInfo` subclass (checked on every call). ``requires`` /
+    ``forbids`` name graph properties (passes/contract.py) checked before the pass runs, ``ensures``
+    those it makes true (checked after), ``invalidates`` those it may make false; pipelines check a
+    whole order against these before running. ``contract`` is a transform's numerical promise.
+    ``accepts_module`` lets an analysis pass also take a bare nn.Module (MASE calls some on ``mg.model``).
     """
     if kind not in PASS_KINDS:
         raise ValueError(f"pass kind must be one of {PASS_KINDS}, got {kind!r}")
+    if contract is not None and kind != "transform":
+        raise ValueError("only transform passes declare a numerical contract")
 
-    def wrap(fn: Callable[[Any, Any], tuple[Any, dict[str, Any]]]) -> PassFn:
+    def wrap(fn: Callable[[Any, Any], tuple[Any, Any]]) -> PassFn:
         name = fn.__name__
         if name in PASSES:
             raise ValueError(f"a pass named {name!r} is already registered")
+        spec = PassSpec(
+            name=name, kind=kind, args_type=args_type, info_type=info if info is not None else object,
+            requires=check_declared(requires, name), forbids=check_declared(forbids, name),
+            ensures=check_declared(ensures, name), invalidates=check_declared(invalidates, name),
+            contract=contract,
+        )
 
         @functools.wraps(fn)
-        def run(graph: Any, pass_args: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        def run(graph: Any, pass_args: Any = None) -> tuple[Any, Any]:
             is_graph = isinstance(graph, ForgeGraph)
             if not is_graph and not (accepts_module and isinstance(graph, nn.Module)):
                 raise TypeError(f"{name}: expected a ForgeGraph, got {type(graph).__name__}")
             args = build_args(name, args_type, pass_args)
+            if is_graph:
+                errors = requirement_errors(spec, lambda p: holds(p, graph), PASSES)
+                if errors:
+                    raise PassError(f"{name}: " + "; ".join(errors))
             try:
-                out, info = fn(graph, args)
+                out, result = fn(graph, args)
                 if kind == "transform":
                     out.recompile()
             except (PassError, PassArgsError):
                 raise
             except Exception as exc:
                 raise PassError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
+            if info is not None and not isinstance(result, info):
+                raise PassError(f"{name} returned info of type {type(result).__name__}, declared {info.__name__}")
             if is_graph:
+                broken = [p for p in spec.ensures if not holds(p, out)]
+                if broken:
+                    raise PassError(f"{name} promised {broken} but they do not hold after it ran")
                 out.history.append(PassRecord(name=name, kind=kind, args=args_record(args)))
-            return out, info
+            return out, result
 
         run.pass_name = name  # type: ignore[attr-defined]
         run.pass_kind = kind  # type: ignore[attr-defined]
         run.args_type = args_type  # type: ignore[attr-defined]
+        run.spec = spec  # type: ignore[attr-defined]
         PASSES[name] = run
         return run
 

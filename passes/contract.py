@@ -1,0 +1,219 @@
+"""What passes promise: graph properties they require / forbid / ensure / invalidate, typed infos,
+and the numerical contract of a transform.
+
+A *property* is a named predicate over a ForgeGraph, always derived from the graph itself (never a
+stored flag that could go stale): ``"metadata"`` holds when every node carries fxforge metadata,
+``"quantized"`` when a quantized layer is in the graph, and so on. The pass decorator checks a pass's
+``requires`` / ``forbids`` before it runs and its ``ensures`` after; pipelines use the same
+declarations to check a whole order of passes before the first one runs (:func:`plan_properties`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from ..graph.metadata import has_meta
+
+if TYPE_CHECKING:
+    from ..graph.forge_graph import ForgeGraph
+
+
+class ContractError(RuntimeError):
+    """A pass's requirements are not met, or a pass broke what it promised."""
+
+
+# -- graph properties -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GraphProperty:
+    """A named, derived predicate over a graph, with a one-line meaning for error messages."""
+
+    name: str
+    check: Callable[[ForgeGraph], bool]
+    meaning: str
+
+
+PROPERTIES: dict[str, GraphProperty] = {}
+
+
+def register_property(name: str, check: Callable[[ForgeGraph], bool], meaning: str) -> GraphProperty:
+    """Register a property; re-registering the same name with another check is an error."""
+    old = PROPERTIES.get(name)
+    if old is not None and old.check is not check:
+        raise ValueError(f"graph property {name!r} is already registered ({old.meaning})")
+    prop = GraphProperty(name, check, meaning)
+    PROPERTIES[name] = prop
+    return prop
+
+
+def holds(name: str, graph: ForgeGraph) -> bool:
+    """Whether property ``name`` holds on ``graph``; KeyError listing the known properties."""
+    if name not in PROPERTIES:
+        raise KeyError(f"unknown graph property {name!r}; known: {sorted(PROPERTIES)}")
+    return bool(PROPERTIES[name].check(graph))
+
+
+def current_properties(graph: ForgeGraph) -> frozenset[str]:
+    """Every registered property that holds on ``graph`` now."""
+    return frozenset(name for name, prop in PROPERTIES.items() if prop.check(graph))
+
+
+def _has_metadata(graph: ForgeGraph) -> bool:
+    return all(has_meta(n) for n in graph.model.graph.nodes)
+
+
+def _has_shapes(graph: ForgeGraph) -> bool:
+    nodes = list(graph.model.graph.nodes)
+    return _has_metadata(graph) and all(
+        n.meta["fxforge"].common.results or n.op == "output" for n in nodes)
+
+
+register_property("metadata", _has_metadata, "every node carries fxforge metadata (init_metadata_analysis_pass)")
+register_property("shapes", _has_shapes,
+                  "every node's metadata records its result shapes (add_common_metadata_analysis_pass)")
+
+
+# -- declarations -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassSpec:
+    """A pass's declared contract, attached to the registered function as ``fn.spec``."""
+
+    name: str
+    kind: str
+    args_type: type[Any]
+    info_type: type[Any]
+    requires: tuple[str, ...] = ()
+    forbids: tuple[str, ...] = ()
+    ensures: tuple[str, ...] = ()
+    invalidates: tuple[str, ...] = ()
+    contract: NumericalContract | None = None
+
+
+def check_declared(names: Iterable[str], pass_name: str) -> tuple[str, ...]:
+    out = tuple(names)
+    unknown = [n for n in out if n not in PROPERTIES]
+    if unknown:
+        raise ValueError(f"{pass_name}: unknown graph propert(ies) {unknown}; known: {sorted(PROPERTIES)} "
+                         "(register_property first)")
+    return out
+
+
+def providers(prop: str, passes: Mapping[str, Any]) -> list[str]:
+    """Names of registered passes that ensure ``prop`` (for 'run X first' messages)."""
+    return sorted(n for n, fn in passes.items() if prop in getattr(getattr(fn, "spec", None), "ensures", ()))
+
+
+def requirement_errors(spec: PassSpec, present: frozenset[str] | Callable[[str], bool],
+                       passes: Mapping[str, Any]) -> list[str]:
+    """Why ``spec`` cannot run given the properties present (a set, or a predicate); [] when it can."""
+    has = present if callable(present) else present.__contains__
+    errors = []
+    for prop in spec.requires:
+        if not has(prop):
+            first = providers(prop, passes)
+            hint = f"; run {' or '.join(first)} first" if first else ""
+            errors.append(f"requires {prop!r} ({PROPERTIES[prop].meaning}), which does not hold{hint}")
+    for prop in spec.forbids:
+        if has(prop):
+            errors.append(f"cannot run on a graph where {prop!r} holds ({PROPERTIES[prop].meaning})")
+    return errors
+
+
+def plan_properties(steps: Iterable[PassSpec], start: frozenset[str],
+                    passes: Mapping[str, Any]) -> list[frozenset[str]]:
+    """Check an order of passes statically; returns the properties expected before each step.
+
+    Raises ContractError naming the first step (1-based) whose requirements cannot hold.
+    """
+    present, out = set(start), []
+    for i, spec in enumerate(steps, 1):
+        errors = requirement_errors(spec, frozenset(present), passes)
+        if errors:
+            raise ContractError(f"step {i} ({spec.name}) {'; '.join(errors)}")
+        out.append(frozenset(present))
+        present -= set(spec.invalidates)
+        present |= set(spec.ensures)
+    return out
+
+
+# -- typed results ----------------------------------------------------------------------------------
+def jsonable(value: Any) -> Any:
+    """A JSON view of a value (tensors summarised, classes by name, non-finite floats as strings)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, tuple | list | set | frozenset):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}>"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    return f"<{type(value).__name__}>"
+
+
+@dataclass(frozen=True)
+class PassInfo:
+    """Base of every pass's typed, frozen result. ``info.field`` is the API; ``info["field"]`` and
+    ``to_json()`` keep dict-style readers and reports working."""
+
+    def to_json(self) -> dict[str, Any]:
+        return jsonable(self)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in {f.name for f in dataclasses.fields(self)}:
+            raise KeyError(f"{type(self).__name__} has no field {key!r}; fields: {self.keys()}")
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self.keys() else default
+
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+
+@dataclass(frozen=True)
+class EmptyInfo(PassInfo):
+    """The info of a pass that reports nothing beyond its history record."""
+
+
+# -- numerical contracts ----------------------------------------------------------------------------
+ContractKind = Literal["exact", "bounded"]
+
+
+@dataclass(frozen=True)
+class NumericalContract:
+    """What a transform promises about outputs, checked by pipelines (and tests) after it runs.
+
+    ``exact``: outputs before and after agree within ``atol`` + ``rtol``·|before| in ``mode``.
+    ``bounded``: the error is measured and reported (max abs diff, SQNR in dB); it fails only when
+    the user (or the pass) sets a threshold: ``max_abs`` and/or ``min_sqnr_db``.
+    """
+
+    kind: ContractKind
+    atol: float = 1e-5
+    rtol: float = 1e-5
+    mode: Literal["eval", "train"] = "eval"
+    max_abs: float | None = None
+    min_sqnr_db: float | None = None
+    note: str = ""
+
+    def with_thresholds(self, **overrides: Any) -> NumericalContract:
+        """A copy with user thresholds (e.g. ``atol=1e-4``, ``min_sqnr_db=20``); unknown keys are an error."""
+        allowed = {"atol", "rtol", "max_abs", "min_sqnr_db"}
+        unknown = sorted(set(overrides) - allowed)
+        if unknown:
+            raise ValueError(f"unknown contract threshold(s) {unknown}; allowed: {sorted(allowed)}")
+        return dataclasses.replace(self, **overrides)
