@@ -9,8 +9,6 @@ integer activation quantizers take their scale/zero point from it; every range i
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,9 +16,9 @@ import torch
 import torch.fx as fx
 
 from ...graph.forge_graph import ForgeGraph
-from ...graph.inputs import ExampleInputs
 from ...graph.metadata import get_meta, has_meta
 from ..base import forge_pass
+from ..batching import iter_batches, run_batch
 from .quantizer import Observer, Quantize
 from .records import CalibrationRecord, QuantizationRecord
 
@@ -43,33 +41,6 @@ class CalibrateArgs:
             raise ValueError(f"percentile must be in (50, 100], got {self.percentile}")
         if self.num_batches is not None and self.num_batches < 1:
             raise ValueError(f"num_batches must be >= 1 or None, got {self.num_batches}")
-
-
-def iter_batches(graph: ForgeGraph, data: Any, num_batches: int | None) -> Iterator[Any]:
-    """The batches to run: ``data`` (one batch or an iterable of them) or the example inputs."""
-    if data is None:
-        if graph.example_inputs is None:
-            raise ValueError("no calibration data: pass {'data': [batch, ...]} or capture with example_inputs")
-        batches: Iterable[Any] = [graph.example_inputs]
-    elif isinstance(data, dict | torch.Tensor | ExampleInputs):
-        batches = [data]
-    elif isinstance(data, Iterable):
-        batches = data
-    else:
-        raise TypeError(f"data must be a batch or an iterable of batches, got {type(data).__name__}")
-    it = iter(batches)
-    return itertools.islice(it, num_batches) if num_batches is not None else it
-
-
-def run_batch(model: Any, batch: Any) -> Any:
-    """Call ``model`` on a batch given as kwargs dict, args tuple/list, tensor or ExampleInputs."""
-    if isinstance(batch, ExampleInputs):
-        return model(*batch.args, **batch.kwargs)
-    if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, tuple | list):
-        return model(*batch)
-    return model(batch)
 
 
 def quantized_nodes(gm: fx.GraphModule) -> list[tuple[fx.Node, QuantizationRecord]]:

@@ -12,7 +12,6 @@ over quantized parameters, activation bits over the activations the quantizers s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,13 +19,14 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.metadata import get_meta
 from ..analysis.metadata import flat_inputs
 from ..base import forge_pass
-from .calibrate import iter_batches, quantized_nodes
+from ..batching import iter_batches
+from ..metrics import signal_noise_power, sqnr_db
+from .calibrate import quantized_nodes
 from .quantizer import Quantize
 from .records import LoweringRecord
 
@@ -42,15 +42,6 @@ class QuantReportArgs:
     num_batches: int | None = None
     baseline: Any = None
     print_table: bool = False
-
-
-def sqnr_db(signal_power: float, noise_power: float) -> float:
-    """10 log10(signal / noise); +inf for a noiseless result."""
-    if noise_power == 0.0:
-        return math.inf
-    if signal_power == 0.0:
-        return -math.inf
-    return 10.0 * math.log10(signal_power / noise_power)
 
 
 @contextmanager
@@ -80,20 +71,6 @@ class _Capture(fx.Interpreter):
         if n.name in self.keep:
             self.values[n.name] = out
         return out
-
-
-def _as_real(t: torch.Tensor) -> torch.Tensor:
-    return torch.view_as_real(t).float() if t.is_complex() else t.float()
-
-
-def _powers(ref: Any, q: Any) -> tuple[float, float]:
-    sig = noise = 0.0
-    for a, b in zip(pytree.tree_leaves(ref), pytree.tree_leaves(q)):
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (a.is_floating_point() or a.is_complex()):
-            a, b = _as_real(a), _as_real(b)
-            sig += float((a * a).sum())
-            noise += float(((a - b) ** 2).sum())
-    return sig, noise
 
 
 def _output_node(node: fx.Node, quantizers: dict[str, str]) -> fx.Node:
@@ -159,10 +136,10 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
                     ref = _run(baseline, graph, batch, set(outputs))
                 for name, out_name in outputs.items():
                     if name in ref and out_name in quant:
-                        s, n = _powers(ref[name], quant[out_name])
+                        s, n = signal_noise_power(ref[name], quant[out_name])
                         power[name][0] += s
                         power[name][1] += n
-                s, n = _powers(ref["output"], quant["output"])
+                s, n = signal_noise_power(ref["output"], quant["output"])
                 out_power[0] += s
                 out_power[1] += n
                 batches += 1
