@@ -14,6 +14,7 @@ from .contract import (
     holds,
     register_property,
 )
+from .prune import prune_transform_pass, shrink_transform_pass
 from .quantize import (
     calibrate_analysis_pass,
     lower_int8_transform_pass,
@@ -51,4 +52,6 @@ __all__ = [
     "calibrate_analysis_pass",
     "quantization_report_analysis_pass",
     "lower_int8_transform_pass",
+    "prune_transform_pass",
+    "shrink_transform_pass",
 ]

@@ -1,0 +1,171 @@
+"""Masked layers: ``nn.Linear`` / ``nn.Conv1d`` / ``nn.Conv2d`` whose pruned weights stay exactly zero.
+
+The prune pass swaps a selected layer for its ``Pruned*`` twin, which keeps the same parameters and
+adds boolean buffers ``weight_mask`` (and ``bias_mask``). The forward multiplies by the masks, so the
+gradient of a pruned weight is zero and (since the stored weight was zeroed too) SGD / Adam / AdamW
+never move it: pruned weights stay exactly zero through HF-Trainer training. Subclassing the float layer
+keeps selectors, canonical op names (``linear``), LoRA (which wraps any nn.Linear) and quantization
+(which adopts ``weight``) working. Activation pruning (MASE) masks the layer's input at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...graph import targets
+
+__all__ = ["PrunedLinear", "PrunedConv1d", "PrunedConv2d", "PRUNED_LAYERS", "pruned_from", "is_masked"]
+
+def activation_mask(x: torch.Tensor, sparsity: float, method: str, scope: str = "local") -> torch.Tensor:
+    """Keep the ``1 - sparsity`` largest |x| of each row (``local``; last dim) or of the whole tensor
+    (``global``) -- or a random subset -- at run time."""
+    if method == "random":
+        return (torch.rand_like(x) >= sparsity).to(x.dtype)
+    mag = x.detach().abs()
+    flat = mag.reshape(-1) if scope == "global" else mag
+    drop = int(round(sparsity * flat.shape[-1]))
+    if drop <= 0:
+        return torch.ones_like(x)
+    threshold = flat.kthvalue(drop, dim=-1, keepdim=True).values
+    return (mag > (threshold if scope != "global" else threshold.reshape(()))).to(x.dtype)
+
+
+class _Masked:
+    """Shared mask bookkeeping of the pruned layers."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
+    def _init_masks(self, act_sparsity: float = 0.0, act_method: str = "l1", act_scope: str = "local") -> None:
+        self.register_buffer("weight_mask", torch.ones_like(self.weight, dtype=torch.bool))  # type: ignore
+        bias = self.bias
+        self.register_buffer("bias_mask", None if bias is None else torch.ones_like(bias, dtype=torch.bool))  # type: ignore
+        self.act_sparsity, self.act_method, self.act_scope = float(act_sparsity), str(act_method), str(act_scope)
+
+    def set_masks(self, weight_mask: torch.Tensor, bias_mask: torch.Tensor | None = None) -> None:
+        """AND new masks into the current ones and zero the pruned stored values."""
+        with torch.no_grad():
+            self.weight_mask &= weight_mask.to(torch.bool)  # type: ignore[operator]
+            self.weight.mul_(self.weight_mask)  # type: ignore[arg-type]
+            if self.bias is not None and bias_mask is not None:
+                self.bias_mask &= bias_mask.to(torch.bool)  # type: ignore[operator]
+                self.bias.mul_(self.bias_mask)  # type: ignore[arg-type]
+
+    def masked_weight(self) -> torch.Tensor:
+        return self.weight * self.weight_mask  # type: ignore[operator]
+
+    def masked_bias(self) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias * self.bias_mask  # type: ignore[operator]
+
+    def masked_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.act_sparsity <= 0 else x * activation_mask(x, self.act_sparsity, self.act_method, self.act_scope)
+
+    def _adopt(self, layer: nn.Module) -> Any:
+        self.weight, self.bias = layer.weight, layer.bias  # type: ignore[assignment]
+        self._init_masks()
+        self.train(layer.training)  # type: ignore[attr-defined]
+        return self
+
+    def mask_config(self) -> dict[str, Any]:
+        return {"act_sparsity": self.act_sparsity, "act_method": self.act_method, "act_scope": self.act_scope}
+
+    def extra_repr_masks(self) -> str:
+        kept = int(self.weight_mask.sum())  # type: ignore[attr-defined]
+        return f"kept={kept}/{self.weight_mask.numel()}, act_sparsity={self.act_sparsity:g}"  # type: ignore
+
+
+class PrunedLinear(_Masked, nn.Linear):
+    """``F.linear(act_mask(x), W * weight_mask, b * bias_mask)``."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, act_sparsity: float = 0.0,
+                 act_method: str = "l1", act_scope: str = "local") -> None:
+        nn.Linear.__init__(self, in_features, out_features, bias=bias)
+        self._init_masks(act_sparsity, act_method, act_scope)
+
+    @classmethod
+    def from_float(cls, layer: nn.Linear) -> PrunedLinear:
+        with torch.device("meta"):
+            new = cls(layer.in_features, layer.out_features, layer.bias is not None)
+        return new._adopt(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.masked_input(x), self.masked_weight(), self.masked_bias())
+
+    def extra_repr(self) -> str:
+        return f"{nn.Linear.extra_repr(self)}, {self.extra_repr_masks()}"
+
+
+_CONV_KEYS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
+              "padding_mode")
+
+
+class _PrunedConv(_Masked):
+    @classmethod
+    def from_float(cls, layer: nn.Module) -> nn.Module:
+        kw = {k: getattr(layer, k) for k in _CONV_KEYS}
+        with torch.device("meta"):
+            new = cls(**kw, bias=layer.bias is not None)  # type: ignore[call-arg]
+        return new._adopt(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(self.masked_input(x), self.masked_weight(), self.masked_bias())  # type: ignore
+
+
+class PrunedConv1d(_PrunedConv, nn.Conv1d):
+    """Conv1d with weight / bias masks."""
+
+    def __init__(self, *args: Any, act_sparsity: float = 0.0, act_method: str = "l1", act_scope: str = "local",
+                 **kwargs: Any) -> None:
+        nn.Conv1d.__init__(self, *args, **kwargs)
+        self._init_masks(act_sparsity, act_method, act_scope)
+
+
+class PrunedConv2d(_PrunedConv, nn.Conv2d):
+    """Conv2d with weight / bias masks."""
+
+    def __init__(self, *args: Any, act_sparsity: float = 0.0, act_method: str = "l1", act_scope: str = "local",
+                 **kwargs: Any) -> None:
+        nn.Conv2d.__init__(self, *args, **kwargs)
+        self._init_masks(act_sparsity, act_method, act_scope)
+
+
+PRUNED_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Linear: PrunedLinear, nn.Conv1d: PrunedConv1d, nn.Conv2d: PrunedConv2d,
+}
+
+
+def pruned_from(layer: nn.Module) -> nn.Module | None:
+    """The masked twin of ``layer`` (itself when already masked); None for unsupported layers."""
+    if isinstance(layer, _Masked):
+        return layer
+    cls = PRUNED_LAYERS.get(type(layer))
+    return None if cls is None else cls.from_float(layer)  # type: ignore[attr-defined]
+
+
+def is_masked(layer: nn.Module) -> bool:
+    return isinstance(layer, _Masked)
+
+
+def _linear_config(m: PrunedLinear) -> dict[str, Any]:
+    return {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None,
+            **m.mask_config()}
+
+
+def _conv_config(m: nn.Module) -> dict[str, Any]:
+    out = {k: list(v) if isinstance(v, tuple) else v for k in _CONV_KEYS if (v := getattr(m, k)) is not None}
+    return {**out, "bias": m.bias is not None, **m.mask_config()}  # type: ignore[attr-defined]
+
+
+def _conv_from(cls: type[nn.Module]) -> Any:
+    def build(c: dict[str, Any]) -> nn.Module:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in c.items()})
+    return build
+
+
+targets.register_module(PrunedLinear, _linear_config, lambda c: PrunedLinear(**c), name="fxforge.PrunedLinear")
+targets.register_module(PrunedConv1d, _conv_config, _conv_from(PrunedConv1d), name="fxforge.PrunedConv1d")
+targets.register_module(PrunedConv2d, _conv_config, _conv_from(PrunedConv2d), name="fxforge.PrunedConv2d")

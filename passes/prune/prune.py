@@ -1,0 +1,215 @@
+"""``prune_transform_pass``: MASE-style pruning masks (weights and activations), element-wise or structured.
+
+Selected Linear / Conv layers become their masked twins (passes/prune/modules.py) through the rewrite
+engine; the masks are buffers applied in the forward, so pruned weights stay zero through training,
+LoRA, quantization and checkpoints. Structured granularities use the graph's dependency groups
+(passes/prune/groups.py): ``head`` masks the q/k/v rows of whole attention heads, ``ffn`` whole
+feed-forward units; ``shrink_transform_pass`` then removes masked groups physically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ...graph.forge_graph import ForgeGraph
+from ..base import forge_pass
+from ..contract import NumericalContract, PassInfo, register_property
+from ..rewrite import inject_modules
+from ..select import select_nodes
+from .config import PruneArgs, PruneSection
+from .groups import DependencyGraph, GroupError, analyse_dependencies
+from .modules import is_masked, pruned_from
+from .scores import weight_scores
+
+__all__ = ["prune_transform_pass", "PruneInfo", "LayerSparsity"]
+
+DEFAULT_TARGETS: dict[str, Any] = {"type": ["linear", "conv1d", "conv2d"]}
+
+
+def _is_pruned(graph: ForgeGraph) -> bool:
+    return any(is_masked(m) for m in graph.model.modules())
+
+
+register_property("pruned", _is_pruned, "some layer carries pruning masks (prune_transform_pass)")
+
+
+@dataclass(frozen=True)
+class LayerSparsity:
+    """One masked layer: weights kept / total and the achieved sparsity."""
+
+    name: str
+    kept: int
+    total: int
+    sparsity: float
+
+
+@dataclass(frozen=True)
+class PruneInfo(PassInfo):
+    """Per-layer figures, the global figure over the masked layers, and what was removed in units."""
+
+    layers: tuple[LayerSparsity, ...]
+    kept: int
+    total: int
+    sparsity: float
+    granularity: str
+    method: str
+    scope: str
+    units_pruned: int
+    units_total: int
+    activation_sparsity: float
+
+
+def _lowest(scores: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Bool mask of the round(fraction * n) lowest scores (exact count, ties broken by position)."""
+    out = torch.zeros(scores.numel(), dtype=torch.bool)
+    k = int(round(fraction * scores.numel()))
+    if k > 0:
+        out[torch.argsort(scores.reshape(-1).float(), stable=True)[:k]] = True
+    return out.reshape(scores.shape)
+
+
+def _units_of(dep: DependencyGraph, path: str) -> list[int]:
+    return [u for u, (p, _) in enumerate(dep.units) if p == path]
+
+
+def _ffn_layers(dep: DependencyGraph, layers: dict[str, nn.Module], modules: dict[str, nn.Module]) -> dict[str, str]:
+    """path -> '' when every row is one free FFN unit feeding a Linear back to the input width, else why not."""
+    classes = dep.classes()
+    heads = dep.head_of()
+    out: dict[str, str] = {}
+    for path, layer in layers.items():
+        units = _units_of(dep, path)
+        if not units:
+            out[path] = "its output is not an FFN unit (not a Linear output the graph analysis follows)"
+            continue
+        why = ""
+        for u in units:
+            root = dep.find(u)
+            if root in heads:
+                why = f"its rows belong to attention heads ({heads[root][0]})"
+            elif len(classes[root]) != 1:
+                why = "its rows are tied to other layers' rows (not independent FFN units)"
+            elif dep.pinned(root):
+                why = f"its rows cannot be removed: {dep.pinned(root)}"
+            if why:
+                break
+        consumers = [c for c, cols in dep.columns.items() if any(dep.find(v) in {dep.find(x) for x in units}
+                                                                 for v in cols.values())]
+        widths = {getattr(modules[c], "out_features", None) for c in consumers}
+        if not why and widths != {getattr(layer, "in_features", None)}:
+            why = "its units do not feed a Linear back to the layer's input width (not a feed-forward block)"
+        out[path] = why
+    return out
+
+
+def _structured_masks(args: PruneArgs, sec: PruneSection, graph: ForgeGraph, layers: dict[str, nn.Module],
+                      explicit: bool, scores: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, int]:
+    """Row masks (True = prune) for row / head / ffn granularity; returns (masks, units pruned, units)."""
+    gm = graph.model
+    units: list[tuple[str, list[tuple[str, int]], float, int]] = []  # (group key, rows, score, size)
+    if sec.granularity == "row":
+        for path, layer in layers.items():
+            for r in range(layer.weight.shape[0]):
+                s = scores[path][r]
+                units.append((path, [(path, r)], float(s.sum()), s.numel()))
+    else:
+        dep = analyse_dependencies(gm, graph.example_inputs)
+        if sec.granularity == "ffn":
+            why = _ffn_layers(dep, layers, dict(gm.named_modules()))
+            bad = {p: w for p, w in why.items() if w}
+            ok = [p for p, w in why.items() if not w]
+            if explicit and bad:
+                p, w = next(iter(bad.items()))
+                raise GroupError(f"ffn pruning: layer {p!r} has no FFN units: {w}; layers with FFN units: {ok}")
+            if not ok:
+                raise GroupError(f"ffn pruning: no selected layer has FFN units ({next(iter(bad.values()), '')})")
+            for path in ok:
+                for r in range(layers[path].weight.shape[0]):
+                    s = scores[path][r]
+                    units.append((path, [(path, r)], float(s.sum()), s.numel()))
+        else:
+            heads = dep.head_of()
+            classes = dep.classes()
+            in_heads = {dep.units[u][0] for root in heads for u in classes[root]}
+            bad = [p for p in layers if p not in in_heads]
+            if explicit and bad:
+                raise GroupError(f"head pruning: layer {bad[0]!r} has no attention heads (its rows do not reach a "
+                                 f"scaled_dot_product_attention as a head axis); layers with heads: {sorted(in_heads)}")
+            for root, (node, h) in heads.items():
+                rows = [dep.units[u] for u in classes[root]]
+                if not any(p in layers for p, _ in rows):
+                    continue
+                if dep.pinned(root):
+                    raise GroupError(f"head {h} of {node!r} cannot be pruned: {dep.pinned(root)}")
+                missing = sorted({p for p, _ in rows if p not in layers})
+                if missing:
+                    raise GroupError(f"head pruning at {node!r}: q/k/v layers {missing} must be selected too")
+                score = sum(float(scores[p][r].sum()) for p, r in rows)
+                units.append((node, rows, score, sum(scores[p][r].numel() for p, r in rows)))
+            if not units:
+                raise GroupError(f"head pruning: no selected layer has attention heads; layers with heads: "
+                                 f"{sorted(in_heads)}")
+    masks = {p: torch.zeros(layer.weight.shape[0], dtype=torch.bool) for p, layer in layers.items()}
+    keys = sorted({k for k, _, _, _ in units}) if sec.scope == "local" else [None]
+    pruned = 0
+    for key in keys:
+        chosen = [u for u in units if key is None or u[0] == key]
+        # global: compare per-element means so wide and narrow layers are on one scale
+        vals = torch.tensor([s / n if key is None else s for _, _, s, n in chosen])
+        drop = _lowest(vals, sec.sparsity)
+        for (_, rows, _, _), d in zip(chosen, drop.tolist()):
+            if d:
+                pruned += 1
+                for p, r in rows:
+                    masks.setdefault(p, torch.zeros(gm.get_submodule(p).weight.shape[0], dtype=torch.bool))[r] = True
+    return masks, pruned, len(units)
+
+
+@forge_pass("transform", PruneArgs, info=PruneInfo, ensures=("pruned",),
+            contract=NumericalContract("bounded", note="pruning changes outputs; the error is measured"))
+def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph, PruneInfo]:
+    """Mask the selected layers' weights (and optionally inputs) as MASE's config says; info per layer."""
+    gm = graph.model
+    sec, act = args.weight_section, args.activation_section
+    explicit = args.targets is not None
+    targets = args.targets if explicit else DEFAULT_TARGETS
+    if sec is not None and sec.granularity in ("head", "ffn") and not explicit:
+        targets = {"type": ["linear"]}
+    inject_modules(gm, targets, args.exclude, lambda _, m: pruned_from(m), what="Linear / Conv layer")
+    layers = {name: m for _, name, m, _ in select_nodes(gm, targets, args.exclude, modules_only=True)
+              if m is not None and is_masked(m)}
+    units_pruned = units_total = 0
+    if sec is not None and sec.sparsity > 0:
+        scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn, args.seed)
+        if sec.granularity == "elementwise":
+            if sec.scope == "global":
+                flat = torch.cat([s.reshape(-1) for s in scores.values()])
+                drop = _lowest(flat, sec.sparsity).split([s.numel() for s in scores.values()])
+                drops = {p: d.reshape(scores[p].shape) for p, d in zip(scores, drop)}
+            else:
+                drops = {p: _lowest(s, sec.sparsity) for p, s in scores.items()}
+            for p, d in drops.items():
+                layers[p].set_masks(~d)
+            units_pruned, units_total = sum(int(d.sum()) for d in drops.values()), sum(d.numel() for d in drops.values())
+        else:
+            rows, units_pruned, units_total = _structured_masks(args, sec, graph, layers, explicit, scores)
+            for p, r in rows.items():
+                layer = gm.get_submodule(p)
+                wmask = (~r).reshape(-1, *([1] * (layer.weight.dim() - 1))).expand_as(layer.weight)
+                layer.set_masks(wmask, ~r)
+    if act is not None:
+        for layer in layers.values():
+            layer.act_sparsity, layer.act_method, layer.act_scope = act.sparsity, act.method, act.scope
+    stats = []
+    for name, layer in layers.items():
+        kept, total = int(layer.weight_mask.sum()), layer.weight_mask.numel()
+        stats.append(LayerSparsity(name, kept, total, 1.0 - kept / total))
+    kept, total = sum(s.kept for s in stats), sum(s.total for s in stats)
+    info = PruneInfo(tuple(stats), kept, total, 1.0 - kept / max(total, 1),
+                     sec.granularity if sec else "none", sec.method if sec else "none", sec.scope if sec else "none",
+                     units_pruned, units_total, act.sparsity if act else 0.0)
+    return graph, info
