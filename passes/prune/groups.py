@@ -148,6 +148,10 @@ class _LabelInterpreter(fx.Interpreter):
             self.dep.labels[n.name] = tuple(self.lab[n])
         return value
 
+    def _flat(self, a: fx.Node) -> tuple[Any, ...]:
+        lab = self.lab.get(a)
+        return tuple(lab) if isinstance(lab, tuple | list) else (lab,)
+
     def _in(self, a: Any) -> Any:
         return self.lab.get(a) if isinstance(a, fx.Node) else None
 
@@ -164,8 +168,7 @@ class _LabelInterpreter(fx.Interpreter):
         if n.op == "output":
             self._pin_inputs(n, "reaches the graph output")
             return None
-        tracked_in = [a for a in n.all_input_nodes if any(
-            _tracked(t) for t in (self.lab.get(a) if isinstance(self.lab.get(a), tuple | list) else (self.lab.get(a),)))]
+        tracked_in = [a for a in n.all_input_nodes if any(_tracked(t) for t in self._flat(a))]
         _, op = classify(n, self.module)
         if n.op == "call_module":
             module = self.module.get_submodule(str(n.target))

@@ -62,7 +62,9 @@ class _Masked:
         return None if self.bias is None else self.bias * self.bias_mask  # type: ignore[operator]
 
     def masked_input(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.act_sparsity <= 0 else x * activation_mask(x, self.act_sparsity, self.act_method, self.act_scope)
+        if self.act_sparsity <= 0:
+            return x
+        return x * activation_mask(x, self.act_sparsity, self.act_method, self.act_scope)
 
     def _adopt(self, layer: nn.Module) -> Any:
         self.weight, self.bias = layer.weight, layer.bias  # type: ignore[assignment]

@@ -194,7 +194,8 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
                 drops = {p: _lowest(s, sec.sparsity) for p, s in scores.items()}
             for p, d in drops.items():
                 layers[p].set_masks(~d)
-            units_pruned, units_total = sum(int(d.sum()) for d in drops.values()), sum(d.numel() for d in drops.values())
+            units_pruned = sum(int(d.sum()) for d in drops.values())
+            units_total = sum(d.numel() for d in drops.values())
         else:
             rows, units_pruned, units_total = _structured_masks(args, sec, graph, layers, explicit, scores)
             for p, r in rows.items():

@@ -42,7 +42,7 @@ def weight_scores(graph: Any, layers: dict[str, nn.Module], method: str, data: A
     was = gm.training
     gm.eval()
     try:
-        for p, m in layers.items():
+        for m in layers.values():
             m.weight.requires_grad_(True)
             m.weight.grad = None
         seen = 0
