@@ -323,6 +323,10 @@ def fused_linear(module: LoraLinear) -> nn.Linear:
     if base.bias is not None:
         new.bias.requires_grad_(base.bias.requires_grad)
     new.train(base.training)
+    mask = getattr(base, "weight_mask", None)
+    if isinstance(mask, torch.Tensor):  # a pruned base (passes/prune): the fused layer keeps its masks
+        new = type(base).from_float(new)
+        new.set_masks(mask, getattr(base, "bias_mask", None))
     return new
 
 

@@ -1,0 +1,142 @@
+"""MASE tutorial 4 on fxforge: prune a MiniLM IMDb classifier, element-wise and structurally.
+
+1. Fine-tune MiniLM-L6 (offline package) on ``--train`` IMDb reviews (length 128) once; cached.
+2. Global L1 at 50 % element-wise (MASE's tutorial config): accuracy before, right after pruning, and
+   after one short fine-tune (``--ft-train`` reviews, one epoch, masks kept by the HF Trainer).
+3. Structured: 50 % of the FFN units and a third of the heads of every layer (L1), shrunk to smaller
+   dense layers; accuracy right after and after the same short fine-tune.
+4. Torch-Pruning (DepGraph, PyPI ``torch-pruning``) at the same target, same fine-tune (``--no-tp`` skips).
+Prints the table next to the logbook's 84 / 55 / 83 %. Speed: ``benchmarks/bench_prune.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from fxforge.data import get_tokenized_dataset, get_trainer  # noqa: E402
+from fxforge.examples.quantization import accuracy, batches  # noqa: E402
+from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
+from fxforge.passes.prune import prune_transform_pass, shrink_transform_pass  # noqa: E402
+
+INPUTS = ["input_ids", "attention_mask", "labels"]
+ELEMENTWISE = {"weight": {"sparsity": 0.5, "method": "l1", "scope": "global"}}
+FFN = {"weight": {"sparsity": 0.5, "method": "l1", "scope": "local", "granularity": "ffn"}}
+HEADS = {"weight": {"sparsity": 1 / 3, "method": "l1", "scope": "local", "granularity": "head"}}
+LOGBOOK = (0.84, 0.55, 0.83)
+
+
+def base_model(args: argparse.Namespace, ds: Any, tokenizer: Any) -> torch.nn.Module:
+    """The fine-tuned fp32 classifier, from the cache or trained now."""
+    from fxforge.models.bert import minilm_for_sequence_classification
+    from transformers import AutoModelForSequenceClassification
+
+    cache = Path(args.cache_dir) / f"minilm-imdb-{args.train}-{args.length}"
+    if (cache / "config.json").is_file():
+        return AutoModelForSequenceClassification.from_pretrained(str(cache)).eval()
+    torch.manual_seed(0)
+    model = minilm_for_sequence_classification()
+    get_trainer(model, ds, tokenizer, output_dir=str(Path(args.cache_dir) / "trainer"), num_train_epochs=args.epochs,
+                learning_rate=1e-4, per_device_train_batch_size=16,
+                training_args={"eval_strategy": "no", "save_strategy": "no"}).train()
+    model.save_pretrained(str(cache))
+    return model.eval()
+
+
+def short_finetune(model: torch.nn.Module, args: argparse.Namespace, ds: Any, tokenizer: Any) -> float:
+    """One epoch on the first ``--ft-train`` reviews; returns the seconds it took."""
+    subset = {"train": torch.utils.data.Subset(ds["train"], range(min(args.ft_train, len(ds["train"])))),
+              "test": ds["test"]}
+    start = time.time()
+    get_trainer(model, subset, tokenizer, output_dir=str(Path(args.cache_dir) / "ft"), num_train_epochs=1,
+                learning_rate=5e-5, per_device_train_batch_size=16,
+                training_args={"eval_strategy": "no", "save_strategy": "no"}).train()
+    model.eval()
+    return time.time() - start
+
+
+def torch_pruning_model(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Torch-Pruning at the same target: 50 % FFN units, 1/3 of heads, hidden size untouched (L1)."""
+    import torch_pruning as tp
+
+    layers = model.bert.encoder.layer
+    num_heads = {}
+    for layer in layers:
+        att = layer.attention.self
+        for lin in (att.query, att.key, att.value):
+            num_heads[lin] = model.config.num_attention_heads
+    ignored = [model.classifier, model.bert.pooler.dense, model.bert.embeddings]
+    ignored += [m for layer in layers for m in (layer.attention.output.dense, layer.output.dense)]
+    pruner = tp.pruner.MetaPruner(
+        model, example, importance=tp.importance.MagnitudeImportance(p=1), pruning_ratio=0.5,
+        num_heads=num_heads, prune_num_heads=True, prune_head_dims=False, head_pruning_ratio=1 / 3,
+        ignored_layers=ignored, output_transform=lambda out: out.logits.sum(), global_pruning=False)
+    pruner.step()
+    for layer in layers:
+        att = layer.attention.self
+        att.num_attention_heads = pruner.num_heads[att.query]
+        att.all_head_size = att.query.out_features
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="MiniLM IMDb pruning table (MASE tutorial 4)")
+    parser.add_argument("--train", type=int, default=400)
+    parser.add_argument("--ft-train", type=int, default=400)
+    parser.add_argument("--test", type=int, default=400)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--epochs", type=float, default=2.0)
+    parser.add_argument("--no-tp", action="store_true")
+    parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "fxforge" / "prune-example"))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    full, tokenizer = get_tokenized_dataset("imdb", checkpoint="minilm", return_tokenizer=True,
+                                            max_length=args.length, limit=args.train, test_limit=args.test)
+    ds = {"train": full["train"], "test": full["test"]}
+    test = batches(ds["test"], tokenizer, 32)
+    model = base_model(args, ds, tokenizer)
+    base = ForgeGraph(model, hf_input_names=INPUTS).eval()
+    before = accuracy(base, test)
+    rows: list[tuple[str, float, float, float, str]] = []
+
+    mg, info = prune_transform_pass(base.copy(), ELEMENTWISE)
+    right_after = accuracy(mg, test)
+    secs = short_finetune(mg.model, args, ds, tokenizer)
+    zeros = all(bool((m.weight[~m.weight_mask] == 0).all()) for m in mg.model.modules() if hasattr(m, "weight_mask"))
+    rows.append((f"fxforge global L1 50% element-wise (sparsity {info.sparsity:.3f})", before, right_after,
+                 accuracy(mg, test), f"ft {secs:.0f} s, masked weights still zero: {zeros}"))
+
+    mg, _ = prune_transform_pass(base.copy(), FFN)
+    mg, _ = prune_transform_pass(mg, HEADS)
+    right_after = accuracy(mg, test)
+    small, sinfo = shrink_transform_pass(mg)
+    secs = short_finetune(small.model, args, ds, tokenizer)
+    rows.append((f"fxforge 50% FFN + 1/3 heads, shrunk ({sinfo.params_after / sinfo.params_before:.2f}x params)",
+                 before, right_after, accuracy(small, test), f"ft {secs:.0f} s"))
+
+    if not args.no_tp:
+        tp_model = torch_pruning_model(base_model(args, ds, tokenizer), {k: v[:2] for k, v in test[0].items()
+                                                                            if k != "labels"})
+        right_after = accuracy(tp_model, test)
+        secs = short_finetune(tp_model, args, ds, tokenizer)
+        params = sum(p.numel() for p in tp_model.parameters())
+        rows.append((f"Torch-Pruning same target ({params / sinfo.params_before:.2f}x params)", before,
+                     right_after, accuracy(tp_model, test), f"ft {secs:.0f} s"))
+
+    print(f"\nMiniLM IMDb, {args.train} train / {args.test} test reviews, length {args.length}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'method':<72} {'before':>7} {'pruned':>7} {'+ft':>7}")
+    print(f"{'logbook (MASE tutorial 4)':<72} {LOGBOOK[0]:>7.3f} {LOGBOOK[1]:>7.3f} {LOGBOOK[2]:>7.3f}")
+    for name, b, a, f, note in rows:
+        print(f"{name:<72} {b:>7.3f} {a:>7.3f} {f:>7.3f}  {note}")
+
+
+if __name__ == "__main__":
+    main()
