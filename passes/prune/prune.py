@@ -97,8 +97,8 @@ def _ffn_layers(dep: DependencyGraph, layers: dict[str, nn.Module], modules: dic
                 why = f"its rows cannot be removed: {dep.pinned(root)}"
             if why:
                 break
-        consumers = [c for c, cols in dep.columns.items() if any(dep.find(v) in {dep.find(x) for x in units}
-                                                                 for v in cols.values())]
+        roots = {dep.find(x) for x in units}
+        consumers = [c for c, cols in dep.columns.items() if any(dep.find(v) in roots for v in cols.values())]
         widths = {getattr(modules[c], "out_features", None) for c in consumers}
         if not why and widths != {getattr(layer, "in_features", None)}:
             why = "its units do not feed a Linear back to the layer's input width (not a feed-forward block)"
