@@ -99,7 +99,7 @@ def test_heads_on_a_layer_without_heads_and_ffn_on_the_residual(bert: ForgeGraph
     with pytest.raises(PassError, match="'bert.encoder.layer.0.intermediate.dense' has no attention heads"):
         prune_transform_pass(bert.copy(), {"weight": {"sparsity": 0.5, "granularity": "head"},
                                            "targets": {"name": "layer.0.intermediate.dense"}})
-    with pytest.raises(PassError, match="no FFN units: .*node 'add_"):
+    with pytest.raises(PassError, match="has no FFN units: its rows cannot be removed: node "):
         prune_transform_pass(bert.copy(), {"weight": {"sparsity": 0.5, "granularity": "ffn"},
                                            "targets": {"name": "layer.0.attention.output.dense"}})
 
@@ -125,16 +125,16 @@ def test_taylor_uses_calibration_batches(bert: ForgeGraph) -> None:
 
 
 def test_activation_pruning_is_off_by_default_and_masks_inputs(bert: ForgeGraph) -> None:
-    x = bert_inputs(labels=False)
-    ref = bert.model(**x, labels=None)
+    x = bert_inputs()
+    ref = bert.model(**x)
     mg, _ = prune_transform_pass(bert.copy(), {"weight": {"sparsity": 0.0}})
-    assert torch.allclose(mg.model(**x, labels=None).logits, ref.logits, atol=1e-6)
+    assert torch.allclose(mg.model(**x).logits, ref.logits, atol=1e-6)
     assert all(m.act_sparsity == 0 for m in _masked(mg).values())
     seen: list[torch.Tensor] = []
     mg, _ = prune_transform_pass(bert.copy(), {"activation": {"sparsity": 0.5}, "targets": {"name": "classifier"}})
     layer = mg.model.get_submodule("classifier")
     layer.register_forward_hook(lambda m, i, o: seen.append(m.masked_input(i[0])))
-    mg.model(**x, labels=None)
+    mg.model(**x)
     assert (seen[0] == 0).float().mean() >= 0.5
 
 
@@ -152,8 +152,8 @@ def test_masked_weights_stay_zero_through_training_lora_quantize_and_export(bert
         assert (m.weight[~masks[n]] == 0).all(), n
     path = mg.export(tmp_path / "pruned")
     back = ForgeGraph.from_checkpoint(path)
-    x = bert_inputs(labels=False)
-    assert torch.equal(back.model(**x, labels=None).logits, mg.model(**x, labels=None).logits)
+    x = bert_inputs()
+    assert torch.equal(back.model(**x).logits, mg.model(**x).logits)
     assert all(torch.equal(_masked(back)[n].weight_mask, masks[n]) for n in masks)
     lora, _ = passes.insert_lora_adapter_transform_pass(mg.copy(), {"rank": 2})
     for _, m in lora.model.named_modules():
