@@ -180,7 +180,7 @@ def capture(
                 continue
             if failures:
                 notes.append(f"fell back to {name} after " + "; ".join(failures))
-            gm = normalize(gm, model)
+            gm = normalize(gm, model, notes)
             gm.train(was_training)
             return CaptureResult(gm, name, example, tuple(notes))
     finally:
