@@ -9,8 +9,8 @@
 * Dropout (ATen or functional) becomes an ``nn.Dropout`` call_module and SDPA with a baked dropout
   probability becomes :class:`ScaledDotProductAttention`: captured in train mode, they would otherwise
   stay on in eval mode.
-* torch.export's ``_guards_fn`` and ``_assert_tensor_metadata`` are dropped; the pytree codegen (HF
-  output structure) is kept.
+* torch.export's ``_guards_fn`` (generated Python) and ``_assert_tensor_metadata`` are dropped; capture
+  puts the shape guards back as data (graph/guards). The pytree codegen (HF output structure) is kept.
 """
 
 from __future__ import annotations
