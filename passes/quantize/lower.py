@@ -281,8 +281,12 @@ def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[F
         raise ValueError("backend 'onednn' is not available in this torch build; use 'fbgemm'")
     gm = graph.model
     skipped: dict[str, str] = {}
+    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
     for name, module in gm.named_modules():
-        if isinstance(module, QuantizedLinear) and (why := lowerable(module)) is not None:
+        if isinstance(module, QuantizedLinear) and name not in called:
+            skipped[name] = ("wrapped by another module (a LoRA adapter from insert_lora_adapter_transform_pass): "
+                             "fuse it first with fuse_lora_weights_transform_pass")
+        elif isinstance(module, QuantizedLinear) and (why := lowerable(module)) is not None:
             skipped[name] = why
     if skipped and args.strict:
         raise ValueError(f"cannot lower {len(skipped)} quantized linear(s) to int8: {skipped}")
@@ -298,7 +302,8 @@ def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[F
         return Int8Linear.from_linear(module, w.p["granularity"] == "per_channel", backend, args.reduce_range,
                                       input_range)
 
-    done = inject_modules(gm, {"type": [QuantizedLinear]}, None, build, what="scaled-int8 quantized linear")
+    done = inject_modules(gm, {"type": [QuantizedLinear]}, None, build,
+                          what="scaled-int8 quantized linear (from quantize_transform_pass, 8-bit scaled_integer)")
     kernel = "onednn::qlinear_pointwise" if backend == "onednn" else "quantized::linear_dynamic"
     reduce = args.reduce_range or int8_kernel_saturates(backend)
     for node in gm.graph.nodes:
