@@ -273,7 +273,14 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
         lora = LoraLinear(module, args.rank, args.alpha, args.dropout, args.init)
         return lora.train(module.training)  # a new module is in train mode: follow the layer it replaces
 
-    done = inject_modules(gm, targets, exclude, build, what="nn.Linear layer for LoRA")
+    try:
+        done = inject_modules(gm, targets, exclude, build, what="nn.Linear layer for LoRA")
+    except NoMatchError as exc:
+        if not skipped:
+            raise
+        raise NoMatchError(f"{exc}. The selected layers are not nn.Linear: {skipped[:4]}; LoRA wraps float or "
+                           "simulated-quantized (quantize_transform_pass) linears, not layers lowered to int8 "
+                           "kernels (lower_int8_transform_pass): insert adapters before lowering") from None
     adapted = [d.name for d in done]
     if args.freeze_rest:
         for p in gm.parameters():
