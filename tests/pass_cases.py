@@ -74,5 +74,6 @@ def run_case(graph: ForgeGraph, name: str, data: list[dict[str, torch.Tensor]], 
 
 
 def registered(kind: str | None = None) -> list[str]:
-    """Registered pass names (of one kind), sorted."""
-    return sorted(n for n, fn in PASSES.items() if kind is None or fn.pass_kind == kind)  # type: ignore[attr-defined]
+    """fxforge's registered pass names (of one kind), sorted; passes that tests register are left out."""
+    return sorted(n for n, fn in PASSES.items() if (kind is None or fn.pass_kind == kind)  # type: ignore[attr-defined]
+                  and fn.__module__.startswith("fxforge."))

@@ -115,7 +115,7 @@ def test_lower_int8_refuses_other_formats(bert_graph: ForgeGraph) -> None:
     mg, _ = quantize_transform_pass(mg, cfg)
     with pytest.raises(PassError, match="weight is not 8-bit symmetric scaled_integer"):
         lower_int8_transform_pass(mg, {"strict": True})
-    with pytest.raises(PassError, match="no scaled-int8 quantized linear matched"):
+    with pytest.raises(PassError, match="no scaled-int8 quantized linear .*matched"):
         lower_int8_transform_pass(mg)
 
 
