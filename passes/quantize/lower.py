@@ -133,7 +133,8 @@ class Int8Linear(nn.Module):
 
         ``input_range``: a static (scale, uint8 zero point) for the inputs; None quantizes per batch.
         """
-        w = layer.weight.detach().float()
+        masked = getattr(layer, "masked_weight", None)  # a pruned layer (passes/prune): its zeros stay zero
+        w = (masked() if callable(masked) else layer.weight).detach().float()
         lo, hi = tensor_range(w, 0 if per_channel else None)
         scale, _ = scale_zero_point(lo, hi, 8, symmetric=True)
         scale = scale.expand(w.shape[0]).contiguous() if scale.dim() == 0 else scale
@@ -142,7 +143,8 @@ class Int8Linear(nn.Module):
         new.weight_int8 = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
         new.weight_scale = scale.float()
         if layer.bias is not None:
-            new.bias = layer.bias.detach().float().clone()
+            masked_bias = getattr(layer, "masked_bias", None)
+            new.bias = (masked_bias() if callable(masked_bias) else layer.bias).detach().float().clone()
         if input_range is not None:
             new.input_scale = torch.tensor(float(input_range[0]))
             new.input_zero_point = torch.tensor(float(input_range[1]))
@@ -256,6 +258,8 @@ def lowerable(layer: nn.Module) -> str | None:
         return "data_in is not calibrated (run calibrate_analysis_pass first)"
     if layer.quant.role("data_out") is not None:
         return "data_out is quantized (the int8 kernel returns fp32)"
+    if getattr(layer, "act_sparsity", 0.0) > 0:
+        return "it prunes its input at run time (activation pruning from prune_transform_pass)"
     return None
 
 

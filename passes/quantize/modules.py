@@ -20,7 +20,7 @@ from .config import OpQuantConfig
 from .quantizer import Quantize
 
 __all__ = ["QuantizedLinear", "QuantizedConv1d", "QuantizedConv2d", "QuantizedLayerNorm", "QUANTIZED_LAYERS",
-           "build_quantized_layer"]
+           "build_quantized_layer", "register_quantized_layer"]
 
 ROLE_ATTRS: dict[str, str] = {r: f"{r}_quantizer" for r in ("data_in", "weight", "bias", "data_out")}
 
@@ -162,6 +162,15 @@ QUANTIZED_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Conv2d: QuantizedConv2d,
     nn.LayerNorm: QuantizedLayerNorm,
 }
+
+
+def register_quantized_layer(float_cls: type[nn.Module], quantized_cls: type[nn.Module]) -> None:
+    """Let the quantize pass swap ``float_cls`` (exact type) for ``quantized_cls`` (e.g. pruned layers, whose
+    quantized twins keep their masks: passes/prune/quantized.py)."""
+    old = QUANTIZED_LAYERS.get(float_cls)
+    if old is not None and old is not quantized_cls:
+        raise ValueError(f"{float_cls.__name__} already quantizes to {old.__name__}")
+    QUANTIZED_LAYERS[float_cls] = quantized_cls
 
 
 def build_quantized_layer(layer: nn.Module, quant: OpQuantConfig) -> nn.Module:
