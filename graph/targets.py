@@ -233,7 +233,9 @@ def _resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.OpOverloadPacke
     if len(parts) == 5 and parts[4] not in packet.overloads():
         raise CheckpointError(f"op {name!r}: no overload {parts[4]!r} in this torch build")
     overloads = [getattr(packet, o) for o in packet.overloads()] if len(parts) == 4 else [getattr(packet, parts[4])]
-    reason = next((r for r in map(_global_effect, overloads) if r), None)
+    reasons = [_global_effect(o) for o in overloads]  # a packet: refused if any overload is a pure side effect
+    side_effect = next((r for r in reasons if r and "returns nothing" in r), None)
+    reason = side_effect or (reasons[0] if all(reasons) else None)
     if reason:
         raise CheckpointError(f"op {name!r} is not allowed in checkpoints: {reason}")
     return packet if len(parts) == 4 else overloads[0]
@@ -254,8 +256,6 @@ def _global_effect(op: torch._ops.OpOverload) -> str | None:
         return "it returns nothing, so it runs only for a side effect on process state"
     if not any("Tensor" in str(x.type) for x in (*schema.arguments, *schema.returns)):
         return "it takes and returns no tensor, so it acts on process state (RNG, flags, caches)"
-    if any(str(a.type).startswith("Generator") for a in schema.arguments):
-        return "it takes a random generator (generators cannot be stored in checkpoints)"
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import operator
 import sys
 from typing import Any
@@ -188,7 +189,7 @@ def test_user_output_class() -> None:
 
 @pytest.mark.parametrize("name", ["torch.ops.aten.set_grad_enabled.default", "torch.ops.aten.manual_seed.default",
                                   "torch.ops.aten.manual_seed", "torch.ops.aten._print.default",
-                                  "torch.ops.aten.warn.default", "torch.ops.aten.seed.default",
+                                  "torch.ops.aten.warn.default", "torch.ops.aten.seed.default", "torch.ops.aten.seed",
                                   "torch.ops.aten.backward.default", "torch.ops.aten.requires_grad_.default",
                                   "torch.ops.aten._cufft_set_plan_cache_max_size.default",
                                   "torch.Tensor.requires_grad_", "torch.Tensor.resize_"])
@@ -198,6 +199,7 @@ def test_process_state_ops_are_not_in_the_allowlist(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["torch.ops.aten.add.Tensor", "torch.ops.aten._assert_scalar.default",
-                                  "torch.ops.aten.sym_constrain_range_for_size.default", "torch.ops.aten.add_.Tensor"])
+                                  "torch.ops.aten.sym_constrain_range_for_size.default", "torch.ops.aten.add_.Tensor",
+                                  "torch.ops.aten.add", "torch.ops.aten.rand.default"])
 def test_tensor_ops_and_assertions_stay_allowed(name: str) -> None:
     assert targets.resolve_function(name) is not None
