@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+from torch.fx.graph import _PyTreeCodeGen
 
 from . import targets
 from .atomic import dumps_json, write_checkpoint_dir

@@ -142,7 +142,8 @@ def _target(gm: fx.GraphModule, op: str, target: Any, args: tuple[Any, ...], kwa
         targets.check_call(target, args, kwargs)
         fn = targets.resolve_function(target)
         if isinstance(fn, torch._ops.OpOverload):
-            written = [a for a, s in zip(args, fn._schema.arguments) if s.alias_info is not None and s.alias_info.is_write]
+            schema = fn._schema.arguments
+            written = [a for a, s in zip(args, schema) if s.alias_info is not None and s.alias_info.is_write]
         else:
             written = list(args[:1]) if target.endswith("_") and not target.endswith("__") else []
         _refuse_parameter_writes(gm, target, written)

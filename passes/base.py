@@ -109,8 +109,9 @@ def _check_range(pass_name: str, field: dataclasses.Field[Any], value: Any) -> N
         return
     lo, hi = field.metadata.get("range", _RANGES.get(field.name, (-_INT_LIMIT, _INT_LIMIT - 1)))
     if not lo <= value <= hi:
-        raise PassArgsError(f"{pass_name}: pass_args[{field.name!r}] = {value if abs(value) < 10**12 else '%.3g' % value}"
-                            f" is out of range: it must be in [{lo}, {hi}]")
+        shown = value if abs(value) < 10**12 else f"{value:.3g}"
+        raise PassArgsError(f"{pass_name}: pass_args[{field.name!r}] = {shown} is out of range: "
+                            f"it must be in [{lo}, {hi}]")
 
 
 def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] | None) -> A:

@@ -31,6 +31,8 @@ from ..graph.forge_graph import ForgeGraph
 from ..graph.targets import CheckpointError
 from .transform.lora import LoraLinear, check_lora_hparams, insert_lora_adapter_transform_pass, lora_layers
 
+__all__ = ["CONFIG", "MANIFEST", "WEIGHTS", "LoraCheckpointError", "load_lora_adapters", "save_lora_adapters"]
+
 FORMAT = "fxforge-lora-adapter"
 SCHEMA_VERSION = 1
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_weights.safetensors"
@@ -137,7 +139,8 @@ def _check_config(config: Any, where: Path) -> tuple[list[dict[str, Any]], list[
             raise LoraCheckpointError(f"{where}: layer {name!r}: rank {entry['rank']} exceeds the layer's smaller "
                                       f"dimension {min(entry['in_features'], entry['out_features'])}")
         if not math.isfinite(entry["alpha"]) or entry["alpha"] > MAX_ALPHA:
-            raise LoraCheckpointError(f"{where}: layer {name!r}: alpha {entry['alpha']!r} is outside (0, {MAX_ALPHA:g}]")
+            raise LoraCheckpointError(f"{where}: layer {name!r}: alpha {entry['alpha']!r} is outside "
+                                      f"(0, {MAX_ALPHA:g}]")
     return layers, extras
 
 
