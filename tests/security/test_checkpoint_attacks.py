@@ -20,14 +20,9 @@ INJECTED = ("x':x}}), self._in_spec)\n__import__('os').system('touch {canary}')\
             "def _f(self, x):\n    x, = fx_pytree.tree_flatten_spec(([], {{'x")
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_graph("export").export(tmp_path_factory.mktemp("pristine") / "ckpt")
-
-
 @pytest.fixture
-def ckpt(pristine: Path, tmp_path: Path) -> Path:
-    return fresh_copy(pristine, tmp_path)
+def ckpt(export_ckpt: Path, tmp_path: Path) -> Path:
+    return fresh_copy(export_ckpt, tmp_path)
 
 
 @pytest.fixture
