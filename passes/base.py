@@ -13,11 +13,12 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import torch
 import torch.nn as nn
+import torch.utils.data
 
 from ..graph.forge_graph import ForgeGraph, PassRecord
 from .contract import NumericalContract, PassSpec, check_declared, holds, jsonable, requirement_errors
@@ -84,8 +85,41 @@ def _coerce(value: Any, hint: Any) -> Any:
     return value
 
 
+_DATA_NAMES = frozenset({"data", "batches", "baseline", "dataset", "train_data", "eval_data", "example_inputs"})
+_RANGES: dict[str, tuple[int, int]] = {"num_batches": (1, 2**31 - 1)}  # by field name, unless metadata says
+_INT_LIMIT = 2**63  # no pass argument needs an integer beyond int64
+
+
+def _is_data(field: dataclasses.Field[Any], value: Any) -> bool:
+    """Data (batches, iterables, loaders, tensors, modules) is passed by reference, never deep-copied.
+
+    A field is data when its metadata says so (``field(metadata={"data": True})``), when its name is one
+    of the conventional data names, or when the value itself is a tensor, module, iterator or data loader.
+    """
+    if field.metadata.get("data") or field.name in _DATA_NAMES:
+        return True
+    if isinstance(value, torch.Tensor | nn.Module | Iterator | torch.utils.data.DataLoader | torch.utils.data.Dataset):
+        return True
+    return isinstance(value, Iterable) and not isinstance(value, str | bytes | list | tuple | dict | set | frozenset)
+
+
+def _check_range(pass_name: str, field: dataclasses.Field[Any], value: Any) -> None:
+    """Integers within the field's declared range (metadata ``range=(lo, hi)`` or the name's convention)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return
+    lo, hi = field.metadata.get("range", _RANGES.get(field.name, (-_INT_LIMIT, _INT_LIMIT - 1)))
+    if not lo <= value <= hi:
+        shown = value if abs(value) < 10**12 else f"{value:.3g}"
+        raise PassArgsError(f"{pass_name}: pass_args[{field.name!r}] = {shown} is out of range: "
+                            f"it must be in [{lo}, {hi}]")
+
+
 def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] | None) -> A:
-    """Validate ``pass_args`` against the dataclass ``args_type`` and build a fresh instance."""
+    """Validate ``pass_args`` against the dataclass ``args_type`` and build a fresh instance.
+
+    Configuration values are deep-copied (the caller's dict is never shared or mutated); data values
+    are passed by reference (see :func:`_is_data`). Every problem is a PassArgsError naming the key.
+    """
     if pass_args is None:
         pass_args = {}
     if isinstance(pass_args, args_type):
@@ -93,6 +127,10 @@ def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] 
     if not isinstance(pass_args, Mapping):
         raise PassArgsError(f"{pass_name}: pass_args must be a dict or None, got {type(pass_args).__name__}")
     fields = {f.name: f for f in dataclasses.fields(args_type)}  # type: ignore[arg-type]
+    bad_keys = [k for k in pass_args if not isinstance(k, str)]
+    if bad_keys:
+        raise PassArgsError(f"{pass_name}: pass_args key {bad_keys[0]!r} ({type(bad_keys[0]).__name__}) is not a "
+                            f"string; allowed keys: {sorted(fields)}")
     unknown = sorted(set(pass_args) - set(fields))
     if unknown:
         raise PassArgsError(f"{pass_name}: unknown pass_args key(s) {unknown}; allowed keys: {sorted(fields)}")
@@ -102,9 +140,18 @@ def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] 
         value = _coerce(value, hints[key])
         if not _type_ok(value, hints[key]):
             raise PassArgsError(
-                f"{pass_name}: pass_args[{key!r}] = {value!r} does not match the expected type {hints[key]}"
+                f"{pass_name}: pass_args[{key!r}] = {value!r} does not match the expected type {hints[key]}"[:400]
             )
-        kwargs[key] = value if isinstance(value, torch.Tensor | nn.Module) else copy.deepcopy(value)
+        _check_range(pass_name, fields[key], value)
+        if _is_data(fields[key], value):
+            kwargs[key] = value
+            continue
+        try:
+            kwargs[key] = copy.deepcopy(value)
+        except Exception as exc:
+            raise PassArgsError(f"{pass_name}: pass_args[{key!r}] ({type(value).__name__}) cannot be copied as "
+                                f"configuration ({type(exc).__name__}: {exc}); pass plain values, or data "
+                                "(batches, iterables, loaders) in a data field") from None
     try:
         return args_type(**kwargs)
     except (TypeError, ValueError) as exc:

@@ -78,11 +78,14 @@ class Selector:
                 except (re.error, TypeError) as exc:
                     raise SelectorError(f"selector regex {pattern!r} is invalid: {exc}") from exc
             preds = _as_tuple(spec.get("predicate"))
-            if not all(callable(p) for p in preds):
+            if not all(callable(p) and not isinstance(p, type) for p in preds):
                 raise SelectorError("selector 'predicate' must be callable(name, module, op) -> bool")
             return cls(types=types, names=names, regexes=tuple(regexes), predicates=preds)
         if isinstance(spec, type) and issubclass(spec, nn.Module):
             return cls(types=(spec,))
+        if isinstance(spec, type):
+            raise SelectorError(f"selector class {spec.__module__}.{spec.__qualname__} is not an nn.Module class; "
+                                f"use an nn.Module class, a dict with keys {list(SELECTOR_KEYS)} or a predicate")
         if callable(spec):
             return cls(predicates=(spec,))
         if isinstance(spec, Sequence) and not isinstance(spec, str):

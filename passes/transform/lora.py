@@ -42,9 +42,9 @@ from ...graph import targets as checkpoint_targets
 from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
 from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
-from ..base import forge_pass
+from ..base import PassArgsError, forge_pass
 from ..quantize.records import QuantizationRecord
-from ..select import Selector
+from ..select import Selector, select_nodes
 from .freeze import select_modules
 from .inject import NoMatchError, inject_modules, set_module
 
@@ -183,7 +183,8 @@ def _lora_from_config(c: dict[str, Any]) -> LoraLinear:
     return LoraLinear(base, int(c["rank"]), float(c["alpha"]), float(c["dropout"]), str(c.get("init", "kaiming")))
 
 
-checkpoint_targets.register_module(LoraLinear, _lora_config, _lora_from_config, name="fxforge.LoraLinear")
+checkpoint_targets.register_module(LoraLinear, _lora_config, _lora_from_config, name="fxforge.LoraLinear",
+                                   keys=("in_features", "out_features", "bias", "rank", "alpha", "dropout", "init"))
 
 
 @register_record("software.lora")
@@ -273,6 +274,12 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
         lora = LoraLinear(module, args.rank, args.alpha, args.dropout, args.init)
         return lora.train(module.training)  # a new module is in train mode: follow the layer it replaces
 
+    narrow = [f"{name} ({min(m.in_features, m.out_features)})" for _, name, m, _ in
+              select_nodes(gm, targets, exclude, modules_only=True)
+              if isinstance(m, nn.Linear) and args.rank > min(m.in_features, m.out_features)]
+    if narrow:  # checked on every selected layer before the graph is touched
+        raise PassArgsError(f"insert_lora_adapter_transform_pass: pass_args['rank'] = {args.rank} exceeds the smaller "
+                            f"dimension of layer(s) {narrow[:4]}{' ...' if len(narrow) > 4 else ''}")
     try:
         done = inject_modules(gm, targets, exclude, build, what="nn.Linear layer for LoRA")
     except NoMatchError as exc:

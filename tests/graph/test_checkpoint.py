@@ -351,7 +351,7 @@ def test_unknown_module_class_in_checkpoint(ckpt_saved: Path, cls: str) -> None:
 
 def test_pytree_output_type_outside_the_allowlist(ckpt_bert: ForgeGraph, tmp_path: Path) -> None:
     path = ckpt_bert.export(tmp_path / "bert")
-    _edit_graph(path, lambda g: g["codegen"]["out_spec"][1].update({"type": "os.PathLike"}))
+    _edit_graph(path, lambda g: g["codegen"]["out_spec"].update({"output": "os.PathLike"}))
     with pytest.raises(CheckpointError, match="graph.json: pytree type 'os.PathLike' is not in the checkpoint"):
         ForgeGraph.from_checkpoint(path)
 
