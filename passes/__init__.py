@@ -1,5 +1,6 @@
 """Every fxforge pass by name: ``from fxforge import passes; passes.count_op_analysis_pass(mg)``."""
 
+from .analysis.causality import causality_analysis_pass
 from .analysis.count_op import count_op_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
@@ -36,6 +37,7 @@ __all__ = [
     "holds",
     "register_property",
     "add_common_metadata_analysis_pass",
+    "causality_analysis_pass",
     "count_op_analysis_pass",
     "forge_pass",
     "get_pass",
