@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from .guards import guard_spec, insert_guard
 from .hf import DEFAULT_HF_INPUT_NAMES, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
 from .normalize import normalize
@@ -118,12 +119,15 @@ def _dynamic_shapes(example: ExampleInputs) -> tuple[Any, ...] | dict[str, Any]:
     return (*[spec(v) for v in example.args], *[spec(v) for v in example.kwargs.values()])
 
 
-def _trace_export(model: nn.Module, example: ExampleInputs, dynamic: bool) -> fx.GraphModule:
+def _trace_export(model: nn.Module, example: ExampleInputs,
+                  dynamic: bool) -> tuple[fx.GraphModule, tuple[tuple[str, ...], list[Any], list[str]]]:
+    """The exported module and its shape guards (names, checks, notes; see graph/guards)."""
     shapes = _dynamic_shapes(example) if dynamic else None
     if isinstance(shapes, tuple) and example.kwargs:
         shapes = None  # mixed args/kwargs: let export infer static shapes
     ep = torch.export.export(model, example.args, example.kwargs or None, dynamic_shapes=shapes, strict=False)
-    return ep.module()
+    gm = ep.module()
+    return gm, guard_spec(gm, ep.range_constraints, getattr(ep, "_guards_code", []), shapes is not None)
 
 
 def capture(
@@ -169,10 +173,11 @@ def capture(
                 failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
                 continue
             try:
+                guards = None
                 if name == "fx":
                     gm = _trace_fx(model, leaf_modules, leaf_functions)
                 else:
-                    gm = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
+                    gm, guards = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001 - reported with context below
                 site = _failure_site(exc, model)
                 sites.append(site)
@@ -180,7 +185,11 @@ def capture(
                 continue
             if failures:
                 notes.append(f"fell back to {name} after " + "; ".join(failures))
-            gm = normalize(gm, model)
+            gm = normalize(gm, model, notes)
+            if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
+                insert_guard(gm, guards[0], guards[1])
+                gm.recompile()
+                notes.extend(guards[2])
             gm.train(was_training)
             return CaptureResult(gm, name, example, tuple(notes))
     finally:

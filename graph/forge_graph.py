@@ -36,6 +36,15 @@ class PassRecord:
         return cls(name=data["name"], kind=data["kind"], args=dict(data.get("args", {})))
 
 
+# torch-owned node.meta entries that are immutable values (fake tensors, tensor metadata): kept as they are.
+_SHARED_META = frozenset({"val", "example_value", "tensor_meta", "unbacked_bindings"})
+
+
+def _copy_meta_value(key: str, value: Any) -> Any:
+    """A node.meta value for a copied graph: deep-copied, except torch's immutable fake values."""
+    return value if key in _SHARED_META else copy.deepcopy(value)
+
+
 class ForgeGraph:
     """A model captured into a metadata-annotated torch.fx GraphModule.
 
@@ -135,9 +144,20 @@ class ForgeGraph:
         self.model.graph.lint()
         self.model.recompile()
 
-    def copy(self) -> ForgeGraph:
-        """A deep copy (graph, weights, metadata, history): for trials that must not share state."""
-        return copy.deepcopy(self)
+    def copy(self, share_weights: bool = False) -> ForgeGraph:
+        """A copy sharing nothing mutable: modules, parameters and buffers, node metadata, example inputs,
+        history. ``share_weights=True`` keeps the parameter and buffer tensors shared (new modules and
+        metadata all the same), e.g. for read-only trials on a large model.
+        """
+        memo: dict[int, Any] = {}
+        if share_weights:
+            for t in (*self.model.parameters(), *self.model.buffers()):
+                memo[id(t)] = t
+        new = copy.deepcopy(self, memo)
+        # fx copies each node's ``meta`` dict shallowly: its values would be shared with the original.
+        for old_node, new_node in zip(self.model.graph.nodes, new.model.graph.nodes):
+            new_node.meta = {k: _copy_meta_value(k, v) for k, v in old_node.meta.items()}
+        return new
 
     # -- persistence and drawing ----------------------------------------------------------------
     def export(self, path: str | Path) -> Path:

@@ -7,9 +7,11 @@ to an ``nn.Linear`` submodule are all ``linear``; ``torch.fft.rfft`` and ``aten.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -104,13 +106,70 @@ def canonical_function_name(target: Any) -> str:
     return name.rstrip("_") if name.endswith("_") and not name.startswith("_") else name
 
 
-def module_op_name(module: nn.Module) -> str:
-    """Canonical op name of a call_module node's module."""
-    for cls in type(module).__mro__:
-        if cls in _MODULE_OPS:
-            return _MODULE_OPS[cls]
-    op = getattr(type(module), "fxforge_op", None)
-    return op if isinstance(op, str) else _snake(type(module).__name__)
+def module_op_name(module: nn.Module | type[nn.Module]) -> str:
+    """Canonical op name of a call_module node's module (or of a module class)."""
+    cls = module if isinstance(module, type) else type(module)
+    for base in cls.__mro__:
+        if base in _MODULE_OPS:
+            return _MODULE_OPS[base]
+    op = getattr(cls, "fxforge_op", None)
+    return op if isinstance(op, str) else _snake(cls.__name__)
+
+
+@functools.cache
+def _static_ops() -> frozenset[str]:
+    """Canonical names of every op fxforge knows without looking at modules: torch ops (all namespaces),
+    torch.nn.functional, Tensor methods, operators and the aliases above."""
+    names = set(_MODULE_OPS.values()) | set(_OPERATOR_OPS.values()) | set(_ALIASES.values()) | _FUNCTIONAL_NAMES
+    for qualified in torch._C._dispatch_get_all_op_names():
+        name = qualified.split("::", 1)[-1].split(".", 1)[0]
+        name = _ALIASES.get(name, name)
+        names.add(name.rstrip("_") if name.endswith("_") and not name.startswith("_") else name)
+    names.update(m.rstrip("_") for m in dir(torch.Tensor) if not m.startswith("_"))
+    return frozenset(names)
+
+
+def _module_classes() -> dict[str, set[str]]:
+    """Class name -> canonical ops, over every nn.Module subclass defined so far (torch, HF, fxforge, user)."""
+    out: dict[str, set[str]] = {}
+    stack, seen = [nn.Module], set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        out.setdefault(cls.__name__, set()).add(module_op_name(cls))
+    return out
+
+
+def known_op_or_class(name: str) -> bool:
+    """Whether ``name`` is a canonical op or the class name of some nn.Module (what selectors accept)."""
+    classes = _module_classes()
+    return name in _static_ops() or name in classes or any(name in ops for ops in classes.values())
+
+
+def resolve_op_name(name: Any, also: Iterable[str] = ()) -> str:
+    """The canonical op a user-given name means: a canonical op (``dropout``, ``linear``, ``add``) as is,
+    an nn.Module class name (``Dropout``, ``LoraLinear``) as its class's op. Anything else (or an
+    ambiguous class name) is a ValueError naming close canonical ops; ``also`` adds accepted names
+    (e.g. the ops of a graph)."""
+    also = set(also)
+    if isinstance(name, str) and (name in _static_ops() or name in also):
+        return name
+    classes = _module_classes()
+    if isinstance(name, str) and len(classes.get(name, ())) == 1:
+        return next(iter(classes[name]))
+    module_ops = {op for ops in classes.values() for op in ops}
+    if isinstance(name, str) and name in module_ops:
+        return name
+    pool = sorted(_static_ops() | module_ops | also | set(classes))
+    close = difflib.get_close_matches(str(name), pool, n=6) if isinstance(name, str) else []
+    why = f"class name {name!r} is ambiguous ({sorted(classes[name])})" if isinstance(name, str) and \
+        name in classes else f"unknown op name {name!r}"
+    hint = f"; close canonical ops / class names: {close}" if close else ""
+    raise ValueError(f"{why}: expected a canonical op (e.g. 'linear', 'dropout', 'add', 'matmul') or an nn.Module "
+                     f"class name (e.g. 'Dropout' -> 'dropout'){hint}")
 
 
 def module_type_name(module: nn.Module | type) -> str:

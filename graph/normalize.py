@@ -2,12 +2,15 @@
 
 * ATen calls of parametrized layers (linear, embedding, layer_norm, conv1d/2d, batch_norm) made by a
   real ``nn.Linear``/... of the model become call_module nodes on that module, at its original path
-  (from ``node.meta["nn_module_stack"]``), so HF parameter names survive.
+  (from ``node.meta["nn_module_stack"]``), so HF parameter names survive -- only when calling the
+  module computes exactly that op: its class is the layer class or a subclass that does not override
+  ``forward`` (OPT's positional embedding adds an offset in its own forward), and no forward hooks
+  are registered. Otherwise the ATen node stays and the capture notes say why.
 * Dropout (ATen or functional) becomes an ``nn.Dropout`` call_module and SDPA with a baked dropout
   probability becomes :class:`ScaledDotProductAttention`: captured in train mode, they would otherwise
   stay on in eval mode.
-* torch.export's ``_guards_fn`` and ``_assert_tensor_metadata`` are dropped; the pytree codegen (HF
-  output structure) is kept.
+* torch.export's ``_guards_fn`` (generated Python) and ``_assert_tensor_metadata`` are dropped; capture
+  puts the shape guards back as data (graph/guards). The pytree codegen (HF output structure) is kept.
 """
 
 from __future__ import annotations
@@ -63,6 +66,35 @@ _ACTIVATIONS: tuple[type[nn.Module], ...] = (
     nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softmax, nn.LogSoftmax, nn.LeakyReLU, nn.ELU,
     nn.Hardtanh, nn.Mish, nn.Softplus,
 )
+
+
+def _not_exact(module: nn.Module, base: type[nn.Module]) -> str | None:
+    """Why calling ``module`` would not compute exactly ``base``'s op (None when it would)."""
+    cls = type(module)
+    if cls.forward is not base.forward:
+        return "overrides forward"
+    if module._forward_hooks or module._forward_pre_hooks:
+        return "has forward hooks"
+    hooks = torch.nn.modules.module
+    if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+        return "global forward hooks are registered"
+    return None
+
+
+def _forward_base(module: nn.Module, classes: tuple[type[nn.Module], ...]) -> type[nn.Module]:
+    """The class among ``classes`` whose forward ``module`` should have (the nearest in its MRO)."""
+    return next(c for c in type(module).__mro__ if c in classes)
+
+
+class _Notes:
+    """Why ATen calls were left as they are (one note per module)."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, str] = {}
+
+    def keep(self, node: fx.Node, path: str, module: nn.Module, why: str) -> None:
+        self.lines.setdefault(path, f"kept ATen call {node.name!r} ({node.target}) unlifted: module '{path}' "
+                                    f"({type(module).__name__}) {why}, so calling it is not exactly that op")
 
 
 def _innermost(node: fx.Node) -> tuple[str, str] | None:
@@ -133,7 +165,7 @@ def _owner_module(model: nn.Module, node: fx.Node,
     return (path, module) if isinstance(module, cls) and path else None
 
 
-def _lift_layer(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
+def _lift_layer(gm: fx.GraphModule, model: nn.Module, node: fx.Node, notes: _Notes) -> bool:
     if node.target == _BATCH_NORM:
         spec = _LiftSpec(nn.modules.batchnorm._BatchNorm, 0, 1, "weight")
         owner = _owner_module(model, node, spec.cls)
@@ -143,6 +175,10 @@ def _lift_layer(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
         index = 1 if attr == "weight" else 3
         tensor = _tensor_of(gm, node.args[index])
         if tensor is None or tensor is not getattr(owner[1], attr):
+            return False
+        why = _not_exact(owner[1], spec.cls)
+        if why is not None:
+            notes.keep(node, owner[0], owner[1], why)
             return False
         _set_submodule(gm, owner[0], owner[1])
         _replace_with_module(gm, node, owner[0], (node.args[0],))
@@ -154,6 +190,10 @@ def _lift_layer(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
     path, module = owner
     tensor = _tensor_of(gm, node.args[spec.tensor_index])
     if tensor is None or tensor is not getattr(module, spec.tensor_attr):
+        return False
+    why = _not_exact(module, _forward_base(module, (spec.cls,)))
+    if why is not None:
+        notes.keep(node, path, module, why)
         return False
     _set_submodule(gm, path, module)
     _replace_with_module(gm, node, path, (node.args[spec.input_index],))
@@ -171,12 +211,17 @@ def _invocation_sizes(graph: fx.Graph) -> dict[str, int]:
     return sizes
 
 
-def _lift_activation(gm: fx.GraphModule, model: nn.Module, node: fx.Node, sizes: dict[str, int]) -> None:
+def _lift_activation(gm: fx.GraphModule, model: nn.Module, node: fx.Node, sizes: dict[str, int],
+                     notes: _Notes) -> None:
     stack = node.meta.get("nn_module_stack")
     owner = _owner_module(model, node, _ACTIVATIONS)
     if owner is None or not stack or sizes.get(list(stack)[-1]) != 1 or not node.args:
         return
     if not isinstance(node.args[0], fx.Node):
+        return
+    why = _not_exact(owner[1], _forward_base(owner[1], _ACTIVATIONS))
+    if why is not None:
+        notes.keep(node, owner[0], owner[1], why)
         return
     _set_submodule(gm, owner[0], owner[1])
     _replace_with_module(gm, node, owner[0], (node.args[0],))
@@ -189,7 +234,7 @@ def _dropout_p(node: fx.Node) -> float:
 def _lift_dropout(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> None:
     p = _dropout_p(node)
     owner = _owner_module(model, node, nn.Dropout)
-    if owner is not None and owner[1].p == p:
+    if owner is not None and owner[1].p == p and _not_exact(owner[1], nn.Dropout) is None:
         path, module = owner
     else:
         site = _innermost(node)
@@ -218,9 +263,13 @@ def _lift_sdpa(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
     return True
 
 
-def normalize(gm: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
-    """Rewrite ``gm`` (captured from ``model``) in place into the fxforge IR and return it."""
+def normalize(gm: fx.GraphModule, model: nn.Module, notes: list[str] | None = None) -> fx.GraphModule:
+    """Rewrite ``gm`` (captured from ``model``) in place into the fxforge IR and return it.
+
+    Why an ATen call was not lifted onto its module is appended to ``notes`` (the capture notes).
+    """
     graph = gm.graph
+    kept = _Notes()
     sizes = _invocation_sizes(graph)
     for node in list(graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
@@ -228,13 +277,13 @@ def normalize(gm: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
         elif node.op == "call_function" and node.target in _DROPPED and not node.users:
             graph.erase_node(node)
         elif node.op == "call_function" and (node.target in _LIFTS or node.target == _BATCH_NORM):
-            _lift_layer(gm, model, node)
+            _lift_layer(gm, model, node, kept)
         elif node.op == "call_function" and node.target in _DROPOUTS:
             _lift_dropout(gm, model, node)
         elif node.op == "call_function" and node.target in _SDPA:
             _lift_sdpa(gm, model, node)
         elif node.op == "call_function":
-            _lift_activation(gm, model, node, sizes)
+            _lift_activation(gm, model, node, sizes, kept)
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
     for node in list(graph.nodes):
@@ -246,4 +295,6 @@ def normalize(gm: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
     out = fx.GraphModule(gm, graph, class_name=type(model).__name__)
     out.delete_all_unused_submodules()
     out.recompile()
+    if notes is not None:
+        notes.extend(kept.lines.values())
     return out

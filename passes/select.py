@@ -20,7 +20,7 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
-from ..graph.ir import classify
+from ..graph.ir import classify, known_op_or_class, resolve_op_name
 
 Predicate = Callable[[str, nn.Module | None, str], bool]
 SELECTOR_KEYS: tuple[str, ...] = ("type", "name", "regex", "predicate")
@@ -62,6 +62,12 @@ class Selector:
             bad = [t for t in types if not (isinstance(t, str) or (isinstance(t, type) and issubclass(t, nn.Module)))]
             if bad:
                 raise SelectorError(f"selector 'type' entries must be op/class names or nn.Module classes: {bad}")
+            for t in types:
+                if isinstance(t, str) and not known_op_or_class(t):
+                    try:
+                        resolve_op_name(t)
+                    except ValueError as exc:
+                        raise SelectorError(f"selector type: {exc}") from None
             names = _as_tuple(spec.get("name"))
             if not all(isinstance(n, str) for n in names):
                 raise SelectorError(f"selector 'name' entries must be strings: {names}")

@@ -7,15 +7,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...graph.forge_graph import ForgeGraph
-from ...graph.ir import classify
+from ...graph.ir import classify, resolve_op_name
 from ..base import forge_pass
 
 
 @dataclass(frozen=True)
 class CountOpArgs:
-    """ops: only count these canonical op names (all ops when None)."""
+    """ops: only count these ops (all when None): canonical names (graph/ir) or nn.Module class names
+    (``Dropout`` counts ``dropout``); an unknown name is an error listing close canonical ops."""
 
     ops: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.ops is not None:  # class names ("Dropout") become their canonical op; unknown names fail
+            object.__setattr__(self, "ops", tuple(dict.fromkeys(resolve_op_name(op) for op in self.ops)))
 
 
 @forge_pass("analysis", CountOpArgs)

@@ -101,6 +101,20 @@ def _check_minifloat(p: Mapping[str, Any]) -> None:
     _minifloat(p)
 
 
+def _check_fixed(p: Mapping[str, Any]) -> None:
+    if p["frac_width"] > p["width"]:
+        raise ValueError(f"frac_width {p['frac_width']} > width {p['width']}: a width-bit fixed point has at most "
+                         "width fraction bits (range [-2^(w-1), 2^(w-1) - 1] / 2^frac); lower frac_width")
+
+
+def _check_block_fp(p: Mapping[str, Any]) -> None:
+    bias = 2 ** (p["exponent_width"] - 1) - 1 if p["exponent_bias"] is None else p["exponent_bias"]
+    lo, hi = -bias, 2 ** p["exponent_width"] - 1 - bias
+    if lo > 127 or hi < -126:
+        raise ValueError(f"exponent range [{lo}, {hi}] (exponent_width {p['exponent_width']}, bias {bias}) lies "
+                         "outside float32's [-126, 127], in which results are returned; pick another exponent_bias")
+
+
 def _scaled_quantize(x: torch.Tensor, p: Mapping[str, Any], ctx: QuantContext) -> torch.Tensor:
     from .fixed import scaled_integer_quantize
 
@@ -120,6 +134,7 @@ FORMATS: dict[str, FormatDef] = {
             (_WIDTH, Param("frac_width", int, minimum=-64, maximum=64, doc="fraction bits")),
             lambda x, p, ctx: fixed_point_quantize(x, p["width"], p["frac_width"]),
             lambda p: float(p["width"]),
+            validate=_check_fixed,
             doc="MASE fixed point: round(x * 2^frac) / 2^frac in the signed width-bit range",
         ),
         FormatDef(
@@ -160,6 +175,7 @@ FORMATS: dict[str, FormatDef] = {
             lambda x, p, ctx: block_fp_quantize(x, p["width"], p["exponent_width"], p["exponent_bias"],
                                                 p["block_size"], ctx.block_axis),
             lambda p: p["width"] + p["exponent_width"] / p["block_size"],
+            validate=_check_block_fp,
             doc="shared exponent per block, width-bit fixed-point elements",
         ),
         FormatDef(

@@ -12,7 +12,15 @@ which stores int8 weights with per-output-channel (or per-tensor) scales and run
 * ``fbgemm``: ``quantized::linear_dynamic`` -- always dynamic per-tensor uint8 inputs, quantized
   inside the kernel.
 
-On this CPU (Sapphire Rapids, 2 cores) onednn with static inputs was fastest; see
+x86 CPUs without VNNI/AMX (AVX2 or plain AVX512) compute u8 x s8 products with ``vpmaddubsw``, which
+sums adjacent pairs into int16 and *saturates*: 8-bit input codes near 255 times weights near 127
+give wrong sums (errors of ~25% of the output, measured on an AVX2 EPYC). :func:`int8_kernel_saturates`
+probes each backend's kernel once per process; where it saturates, inputs are quantized to 7 bits
+(codes 0..127, pairs <= 2 * 127 * 127 < 2**15) -- PyTorch's x86 qconfigs' ``reduce_range`` -- so the
+kernel result is the exact integer product on every CPU. The decision is made when the kernel runs,
+not when the graph is lowered, so a checkpoint lowered on a VNNI machine stays right on an AVX2 one.
+
+On a Sapphire Rapids CPU (2 cores) onednn with static inputs was fastest; see
 ``benchmarks/bench_quant_int8.py``. Both paths build transient quantized tensors
 (``quantize_per_tensor``, fbgemm's prepack), which torch 2.13 deprecates; the warnings are
 silenced here. The packed kernel weight is rebuilt lazily from the int8 buffers, so the module
@@ -40,7 +48,8 @@ from .fixed import scale_zero_point, tensor_range
 from .modules import QuantizedLinear
 from .records import LoweringRecord, QuantizationRecord
 
-__all__ = ["Int8Linear", "lower_int8_transform_pass", "LowerInt8Args", "BACKENDS", "lowerable", "onednn_available"]
+__all__ = ["Int8Linear", "lower_int8_transform_pass", "LowerInt8Args", "BACKENDS", "lowerable", "onednn_available",
+           "int8_kernel_saturates"]
 
 BACKENDS: tuple[str, ...] = ("onednn", "fbgemm")
 POST_OPS: tuple[str, ...] = ("none", "gelu", "relu")
@@ -56,12 +65,41 @@ def onednn_available() -> bool:
         return False
 
 
+@functools.cache
+def int8_kernel_saturates(backend: str) -> bool:
+    """Whether ``backend``'s int8 GEMM on this CPU saturates 16-bit pair sums (no VNNI): probed, not guessed.
+
+    Multiplies uint8 codes 255 by int8 weights 127 (exact: 255 * 127 * 64 per output) and compares.
+    """
+    k, exact = 64, 255.0 * 127.0 * 64
+    weight = torch.full((4, k), 127, dtype=torch.int8)
+    zero = torch.zeros(4, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_QUANTIZED_TENSOR_WARNING)
+        if backend == "fbgemm":
+            qw = torch._make_per_channel_quantized_tensor(weight, torch.ones(4, dtype=torch.double), zero, 0)
+            packed = torch.ops.quantized.linear_prepack(qw, None)
+            outs = [torch.ops.quantized.linear_dynamic(torch.full((m, k), 255.0), packed, False) for m in (1, 17)]
+        elif backend == "onednn":
+            if not onednn_available():
+                return False
+            packed = torch.ops.onednn.qlinear_prepack(weight, None)
+            outs = [torch.ops.onednn.qlinear_pointwise.default(
+                torch.full((m, k), 255, dtype=torch.uint8), 1.0, 0, packed, torch.ones(4), zero, None, 1.0, 0,
+                torch.float32, "none", [], "") for m in (1, 17)]
+        else:
+            raise ValueError(f"unknown int8 backend {backend!r}; allowed: {list(BACKENDS)}")
+    return any(bool((out - exact).abs().max() > 0.5) for out in outs)
+
+
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights on a real int8 CPU kernel (see the module docstring).
 
     ``static_input``: quantize inputs with the stored ``input_scale``/``input_zero_point`` (uint8)
     instead of each batch's range (onednn only). ``post_op``: an activation fused into the kernel's
     epilogue (``gelu`` with ``post_op_algorithm`` ``none`` (erf) or ``tanh``, or ``relu``; onednn).
+    ``reduce_range``: always quantize inputs to 7 bits; they are anyway where this CPU's kernel saturates
+    (:attr:`effective_reduce_range`).
     """
 
     fxforge_op = "linear"
@@ -126,6 +164,11 @@ class Int8Linear(nn.Module):
         state["_kernel"] = {}
         return state
 
+    @property
+    def effective_reduce_range(self) -> bool:
+        """7-bit input codes: asked for, or needed because this CPU's int8 kernel saturates 8-bit ones."""
+        return self.reduce_range or int8_kernel_saturates(self.backend)
+
     def _pack(self) -> dict[str, Any]:
         if not self._kernel:
             zero = torch.zeros(self.out_features, dtype=torch.long)
@@ -137,24 +180,36 @@ class Int8Linear(nn.Module):
                     packed = torch.ops.quantized.linear_prepack(qw, self.bias)
                 else:
                     packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, None)
-            self._kernel = {"packed": packed, "zero": zero, "x_scale": float(self.input_scale),
-                            "x_zero_point": int(self.input_zero_point)}
+            reduce = self.effective_reduce_range
+            x_scale, x_zero_point = float(self.input_scale), int(self.input_zero_point)
+            if reduce:  # the calibrated 8-bit range [-zp * s, (255 - zp) * s] mapped onto codes 0..127
+                x_scale, x_zero_point = x_scale * 255 / 127, min(127, max(0, round(x_zero_point * 127 / 255)))
+            self._kernel = {"packed": packed, "zero": zero, "x_scale": x_scale, "x_zero_point": x_zero_point,
+                            "reduce_range": reduce}
         return self._kernel
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+        """The uint8 codes, scale and zero point the kernel multiplies for a 2-D float input ``x``.
+
+        fbgemm quantizes inside its kernel the same way (dynamic per tensor); this is its reference.
+        """
         k = self._pack()
-        if self.backend == "fbgemm":
-            return torch.ops.quantized.linear_dynamic(x.float(), k["packed"], self.reduce_range)
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).float()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_QUANTIZED_TENSOR_WARNING)
             if self.static_input:
                 scale, zero_point = k["x_scale"], k["x_zero_point"]
-                xq = torch.quantize_per_tensor(x2, scale, zero_point, torch.quint8).int_repr()
-            else:
-                q = torch.quantize_per_tensor_dynamic(x2, torch.quint8, self.reduce_range)
-                scale, zero_point, xq = q.q_scale(), q.q_zero_point(), q.int_repr()
+                qmax = 127 if k["reduce_range"] else 255
+                xq = torch.clamp(torch.round(x.float() / scale) + zero_point, 0, qmax).to(torch.uint8)
+                return xq, scale, zero_point
+            q = torch.quantize_per_tensor_dynamic(x.float(), torch.quint8, k["reduce_range"])
+            return q.int_repr(), q.q_scale(), q.q_zero_point()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self._pack()
+        if self.backend == "fbgemm":
+            return torch.ops.quantized.linear_dynamic(x.float(), k["packed"], k["reduce_range"])
+        shape = x.shape
+        xq, scale, zero_point = self.quantize_input(x.reshape(-1, shape[-1]))
         y = torch.ops.onednn.qlinear_pointwise.default(
             xq, scale, zero_point, k["packed"], self.weight_scale, k["zero"], self.bias, 1.0, 0, torch.float32,
             self.post_op, [], self.post_op_algorithm)
@@ -207,8 +262,9 @@ def lowerable(layer: nn.Module) -> str | None:
 @dataclass(frozen=True)
 class LowerInt8Args:
     """backend: ``auto`` (onednn when available, else fbgemm), ``onednn`` or ``fbgemm``;
-    reduce_range: 7-bit dynamic activations (for CPUs without VNNI, whose 16-bit accumulation can
-    saturate); strict: fail when a quantized linear cannot be lowered instead of leaving it simulated;
+    reduce_range: always 7-bit activations (also used, whatever this flag, where the CPU's int8 kernel
+    saturates 8-bit ones: no VNNI, see :func:`int8_kernel_saturates`); strict: fail when a quantized
+    linear cannot be lowered instead of leaving it simulated;
     fuse_activations: fold a GELU/ReLU that only consumes a lowered linear into its kernel (onednn)."""
 
     backend: Literal["auto", "onednn", "fbgemm"] = "auto"
@@ -225,8 +281,12 @@ def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[F
         raise ValueError("backend 'onednn' is not available in this torch build; use 'fbgemm'")
     gm = graph.model
     skipped: dict[str, str] = {}
+    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
     for name, module in gm.named_modules():
-        if isinstance(module, QuantizedLinear) and (why := lowerable(module)) is not None:
+        if isinstance(module, QuantizedLinear) and name not in called:
+            skipped[name] = ("wrapped by another module (a LoRA adapter from insert_lora_adapter_transform_pass): "
+                             "fuse it first with fuse_lora_weights_transform_pass")
+        elif isinstance(module, QuantizedLinear) and (why := lowerable(module)) is not None:
             skipped[name] = why
     if skipped and args.strict:
         raise ValueError(f"cannot lower {len(skipped)} quantized linear(s) to int8: {skipped}")
@@ -242,21 +302,26 @@ def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[F
         return Int8Linear.from_linear(module, w.p["granularity"] == "per_channel", backend, args.reduce_range,
                                       input_range)
 
-    done = inject_modules(gm, {"type": [QuantizedLinear]}, None, build, what="scaled-int8 quantized linear")
+    done = inject_modules(gm, {"type": [QuantizedLinear]}, None, build,
+                          what="scaled-int8 quantized linear (from quantize_transform_pass, 8-bit scaled_integer)")
     kernel = "onednn::qlinear_pointwise" if backend == "onednn" else "quantized::linear_dynamic"
+    reduce = args.reduce_range or int8_kernel_saturates(backend)
     for node in gm.graph.nodes:
         name = str(node.target)
         if node.op == "call_module" and name in static and has_meta(node):
             meta = get_meta(node)
             meta.common.module_type = f"{Int8Linear.__module__}.{Int8Linear.__qualname__}"
             activation = "uint8 per-tensor " + ("static (calibrated)" if static[name] else "dynamic")
+            if reduce:
+                why = "" if args.reduce_range else " (this CPU's int8 kernel saturates 8-bit)"
+                activation += ", 7-bit codes" + why
             meta.software.set(LoweringRecord(kernel=kernel, activation=activation))
             rec = meta.software.get(QuantizationRecord)
             if rec is not None:
                 rec.quantizers = {}  # the simulated quantizers are gone; the config stays as provenance
     fused = _fuse_activations(gm, set(static)) if backend == "onednn" and args.fuse_activations else []
     return graph, {"lowered": len(done), "static_inputs": sum(static.values()), "fused_activations": len(fused),
-                   "skipped": skipped, "backend": backend}
+                   "skipped": skipped, "backend": backend, "reduce_range": reduce}
 
 
 def _activation(node: fx.Node, gm: fx.GraphModule) -> tuple[str, str] | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
 
 from ...graph import targets
 from .config import RoleSpec
@@ -109,7 +110,6 @@ class Quantize(nn.Module):
         self.calibrated = bool(calibrated)
         self.enabled = True
         self.observer: Observer | None = None
-        self._cache: dict[str, Any] = {}  # inference-time quantized parameter (never checkpointed)
         self.register_buffer("scale", torch.ones(tuple(scale_shape)))
         self.register_buffer("zero_point", torch.zeros(tuple(scale_shape)))
 
@@ -136,11 +136,6 @@ class Quantize(nn.Module):
         self.zero_point = zero_point.to(self.zero_point.device)
         self.calibrated = True
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_cache"] = {}
-        return state
-
     def to_config(self) -> dict[str, Any]:
         return {"spec": self.spec.to_json(), "role": self.role, "is_param": self.is_param,
                 "channel_axis": self.channel_axis, "block_axis": self.block_axis,
@@ -159,6 +154,8 @@ class Quantize(nn.Module):
         if not self.fmt.scaled:
             return QuantContext(block_axis, channel_axis)
         if self.needs_calibration:
+            if not self.calibrated and is_fake(x):  # shape propagation (metadata) only: any scale will do
+                return QuantContext(block_axis, channel_axis, self.scale, self.zero_point)
             if not self.calibrated:
                 raise RuntimeError(
                     f"{self.role} quantizer ({self.spec.format}, static scale) is not calibrated: run "
@@ -180,11 +177,8 @@ class Quantize(nn.Module):
             return x
         if not self.enabled:
             return x
-        if self.is_param and not (torch.is_grad_enabled() and x.requires_grad):
-            cache = self._cache  # re-quantize only when the parameter (object or in-place version) changed
-            if cache.get("tensor") is not x or cache.get("version") != x._version:
-                self._cache = cache = {"tensor": x, "version": x._version, "value": self._forward(x)}
-            return cache["value"]
+        # Parameters are re-quantized on every call: no cache keyed on the tensor's version counter,
+        # which fused/foreach optimizers and ``param.data = ...`` update without bumping.
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,10 @@
   inputs and on their output. Complex tensors (the AFNO FFT path) are quantized as real and
   imaginary parts.
 
+* A module that wraps a layer (``fxforge_wraps``, e.g. LoRA's ``LoraLinear``) gets the wrapped layer
+  quantized; the wrapper's own part (the LoRA adapter) stays float and is listed in
+  ``info["float_adapters"]`` (fusing the adapter later keeps the layer quantized).
+
 Each quantized node gets a :class:`QuantizationRecord` in its software metadata.
 """
 
@@ -23,6 +27,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
+from ...graph.ir import module_op_name
 from ...graph.metadata import CommonMeta, NodeKind, NodeMeta, dtype_from_name, get_meta, has_meta, set_meta
 from ...graph.modules import ScaledDotProductAttention
 from ..base import PASSES, PassArgsError, forge_pass
@@ -174,6 +179,12 @@ def _sdpa_module(mm: OpQuantConfig | None, sm: OpQuantConfig | None) -> Callable
     return build
 
 
+def _quantize_wrapped(module: nn.Module, attr: str, cfg: OpQuantConfig) -> nn.Module:
+    """Quantize the layer a wrapper (LoraLinear's ``base``) holds; the wrapper stays."""
+    setattr(module, attr, build_quantized_layer(getattr(module, attr), cfg))
+    return module
+
+
 def _record(node: fx.Node, op: str, fmt: str, config: dict[str, Any], rule: str | None,
             quantizers: Mapping[str, str]) -> None:
     get_meta(node).software.set(QuantizationRecord(op=op, format=fmt, config=config, rule=rule,
@@ -209,6 +220,7 @@ def _quantize(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, dict
     used_keys: set[str] = set()
     by_op: dict[str, int] = {}
     pending_records: list[tuple[str, str, str, dict[str, Any], str | None, dict[str, str]]] = []
+    float_adapters: list[str] = []
 
     for node in list(gm.graph.nodes):
         if node.op not in _CALLS:
@@ -241,6 +253,24 @@ def _quantize(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, dict
                 raise ValueError(f"node {node.name!r}: cannot quantize attention implemented by "
                                  f"{type(module).__name__}")
             by_op[op] = by_op.get(op, 0) + 1
+            continue
+        wrapped = getattr(type(module), "fxforge_wraps", None) if node.op == "call_module" else None
+        if wrapped is not None:  # e.g. LoraLinear: quantize the layer it wraps, the adapter stays float
+            inner = getattr(module, wrapped)
+            inner_op = module_op_name(inner)
+            rule, cfg = args.rule_for(name, inner_op, inner)
+            used_keys.update([rule] if rule is not None else [])
+            if cfg is None or inner_op not in _LAYER_OPS:
+                continue
+            if type(inner) not in QUANTIZED_LAYERS:
+                raise ValueError(f"node {node.name!r} ({name}): cannot quantize the {type(inner).__name__} wrapped "
+                                 f"by {type(module).__name__}; quantizable: {[c.__name__ for c in QUANTIZED_LAYERS]}")
+            rw.swaps[name] = lambda m, c=cfg, a=wrapped: _quantize_wrapped(m, a, c)
+            paths = {r: f"{name}.{wrapped}.{r}_quantizer" for r in cfg.role_names
+                     if not (r == "bias" and getattr(inner, "bias", None) is None)}
+            pending_records.append((node.name, inner_op, cfg.format, cfg.to_json(), rule, paths))
+            by_op[inner_op] = by_op.get(inner_op, 0) + 1
+            float_adapters.append(name)
             continue
         if op not in QUANTIZABLE_OPS:
             continue
@@ -288,7 +318,7 @@ def _quantize(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, dict
         _record(node, op, fmt, config, rule, quantizers)
     total = sum(1 for _, m in gm.named_modules() if isinstance(m, Quantize))
     return graph, {"quantized_nodes": sum(by_op.values()), "by_op": by_op, "inserted_quantizer_nodes": rw.inserted,
-                   "quantizers": total}
+                   "quantizers": total, "float_adapters": float_adapters}
 
 
 _quantize.__name__ = _quantize.__qualname__ = "quantize_transform_pass"

@@ -4,8 +4,10 @@
 replaces each selected ``nn.Linear`` behind a call_module node by :class:`LoraLinear`, which keeps the
 layer -- weight **and bias**, frozen -- and adds ``scaling * B @ A`` with ``scaling = alpha / rank``.
 A is kaiming-uniform (as PEFT and loralib) and B is zero, so inserting adapters does not change the
-model's outputs. ``fuse_lora_weights_transform_pass(mg)`` merges ``W + scaling * B @ A`` into a new
-plain ``nn.Linear`` per layer (the same arithmetic as PEFT's ``merge_and_unload``).
+model's outputs. ``fuse_lora_weights_transform_pass(mg)`` merges ``W + scaling * B @ A`` into a copy of
+the base layer (the same arithmetic as PEFT's ``merge_and_unload``): a plain ``nn.Linear``, or a
+quantized linear that stays quantized (quantize -> LoRA -> fuse). Quantizing a LoRA graph quantizes the
+base layers; the adapters stay float until fused.
 
 Defaults (documented choices):
 
@@ -26,6 +28,7 @@ The graph shares its leaf layers with the captured model, so (as with PEFT) free
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,6 +43,7 @@ from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
 from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
 from ..base import forge_pass
+from ..quantize.records import QuantizationRecord
 from ..select import Selector
 from .freeze import select_modules
 from .inject import NoMatchError, inject_modules, set_module
@@ -112,6 +116,7 @@ class LoraLinear(nn.Module):
     """
 
     fxforge_op = "lora_linear"
+    fxforge_wraps = "base"  # computes base(x) + adapter: passes that rewrite layers (quantize) reach the base
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0,
                  init: LoraInit = "kaiming") -> None:
@@ -268,7 +273,14 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
         lora = LoraLinear(module, args.rank, args.alpha, args.dropout, args.init)
         return lora.train(module.training)  # a new module is in train mode: follow the layer it replaces
 
-    done = inject_modules(gm, targets, exclude, build, what="nn.Linear layer for LoRA")
+    try:
+        done = inject_modules(gm, targets, exclude, build, what="nn.Linear layer for LoRA")
+    except NoMatchError as exc:
+        if not skipped:
+            raise
+        raise NoMatchError(f"{exc}. The selected layers are not nn.Linear: {skipped[:4]}; LoRA wraps float or "
+                           "simulated-quantized (quantize_transform_pass) linears, not layers lowered to int8 "
+                           "kernels (lower_int8_transform_pass): insert adapters before lowering") from None
     adapted = [d.name for d in done]
     if args.freeze_rest:
         for p in gm.parameters():
@@ -281,6 +293,8 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
         for p in gm.get_submodule(path).parameters():
             p.requires_grad_(True)
     for node, path, module in lora_layers(gm):
+        if path in adapted:
+            _move_quantizer_paths(node, path, f"{path}.", f"{path}.base.")
         if path in adapted and has_meta(node):
             meta = get_meta(node)
             meta.common.kind, meta.common.op = classify(node, gm)  # lora_linear, as a fresh metadata pass says
@@ -311,19 +325,20 @@ class FuseLoraArgs:
 
 
 def fused_linear(module: LoraLinear) -> nn.Linear:
-    """A new nn.Linear with weight ``W + (B @ A) * scaling`` and the base's bias (copied, not shared)."""
+    """A copy of the base layer (its class: a quantized base stays quantized, with its quantizers) with
+    weight ``W + (B @ A) * scaling`` and the base's bias (copied, not shared)."""
     base = module.base
-    new = nn.Linear(module.in_features, module.out_features, bias=base.bias is not None,
-                    device=base.weight.device, dtype=base.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(module.merged_weight())
-        if base.bias is not None:
-            new.bias.copy_(base.bias)
-    new.weight.requires_grad_(base.weight.requires_grad)
-    if base.bias is not None:
-        new.bias.requires_grad_(base.bias.requires_grad)
+    new = copy.deepcopy(base)
+    new.weight = nn.Parameter(module.merged_weight().clone(), requires_grad=base.weight.requires_grad)
     new.train(base.training)
     return new
+
+
+def _move_quantizer_paths(node: fx.Node, path: str, old: str, new: str) -> None:
+    """Keep a quantized layer's record pointing at its quantizers when LoRA wraps or unwraps it."""
+    rec = get_meta(node).software.get(QuantizationRecord) if has_meta(node) else None
+    if rec is not None:
+        rec.quantizers = {r: new + q[len(old):] if q.startswith(old) else q for r, q in rec.quantizers.items()}
 
 
 @forge_pass("transform", FuseLoraArgs)
@@ -347,6 +362,8 @@ def fuse_lora_weights_transform_pass(graph: ForgeGraph, args: FuseLoraArgs) -> t
         set_module(gm, path, fused_linear(module))
         fused.append(path)
     for node, path, _ in layers:
+        if path in fused:
+            _move_quantizer_paths(node, path, f"{path}.base.", f"{path}.")
         if path in fused and has_meta(node):
             meta = get_meta(node)
             meta.software.remove(LoraRecord)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 from conftest import make_gpt
@@ -16,6 +17,16 @@ def test_count_dropouts_in_bert(tiny_bert: nn.Module) -> None:
     assert info["counts"]["linear"] == 2 * 6 + 2  # q k v o, intermediate, output per layer; pooler; classifier
     _, only = passes.count_op_analysis_pass(mg, {"ops": ["dropout", "conv2d"]})
     assert only["counts"] == {"conv2d": 0, "dropout": 6}
+
+
+def test_count_op_names_are_validated(tiny_bert: nn.Module) -> None:
+    mg = ForgeGraph(tiny_bert)
+    # nn.Module class names are aliases of their canonical op (MASE users write "Dropout")
+    _, info = passes.count_op_analysis_pass(mg, {"ops": ["Dropout", "Linear", "dropout"]})
+    assert info["counts"] == {"dropout": 6, "linear": 14}
+    for bad, close in (("Dropuot", "Dropout"), ("linearr", "linear"), ("no_such_op", "")):
+        with pytest.raises(passes.PassArgsError, match=f"count_op_analysis_pass: unknown op name '{bad}'.*{close}"):
+            passes.count_op_analysis_pass(mg, {"ops": [bad]})
 
 
 def test_report_graph_table(tiny_bert: nn.Module, tmp_path) -> None:

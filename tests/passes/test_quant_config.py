@@ -59,6 +59,10 @@ def test_mase_config_parses_and_is_not_mutated() -> None:
          r"OCP MX defines"),
         ({"linear": {"config": {"name": "scaled_integer", "data_in_width": 8, "data_in_granularity": "row"}}},
          r"allowed: \['per_tensor', 'per_channel'\]"),
+        # parameters checked against each other
+        (_with(weight_frac_width=9), r"weight: frac_width 9 > width 8: .*at most width fraction bits"),
+        ({"linear": {"config": {"name": "block_fp", "weight_width": 8, "weight_exponent_width": 4,
+                                "weight_exponent_bias": 200}}}, r"exponent range \[-200, -185\].*float32"),
     ],
 )
 def test_invalid_configs_name_the_key_and_allowed_values(cfg: dict[str, Any], message: str) -> None:

@@ -20,6 +20,7 @@ from fxforge.passes.quantize import (
     lower_int8_transform_pass,
     quantize_transform_pass,
 )
+from fxforge.passes.quantize.lower import BACKENDS
 
 INT8 = {"by": "type", "linear": {"config": {"name": "scaled_integer", "data_in_width": 8, "data_in_dynamic": True,
                                             "data_in_symmetric": False, "weight_width": 8,
@@ -82,7 +83,10 @@ def test_lower_int8_close_to_fp32_and_reloads(bert_graph: ForgeGraph, tmp_path: 
         lowered = mg(**inputs).logits
     scale = ref.abs().max()
     assert (lowered - ref).abs().max() < 0.05 * scale
-    assert (lowered - simulated).abs().max() < (0.01 if static else 0.05) * scale
+    # static inputs: the kernel computes the simulation, unless this CPU's kernel needs 7-bit input codes
+    reduced = layer.effective_reduce_range
+    assert info["reduce_range"] is reduced and ("7-bit" in rec.activation) == reduced
+    assert (lowered - simulated).abs().max() < (0.01 if static and not reduced else 0.05) * scale
     loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "int8"))
     with torch.no_grad():
         assert torch.equal(loaded(**inputs).logits, lowered)
@@ -111,7 +115,7 @@ def test_lower_int8_refuses_other_formats(bert_graph: ForgeGraph) -> None:
     mg, _ = quantize_transform_pass(mg, cfg)
     with pytest.raises(PassError, match="weight is not 8-bit symmetric scaled_integer"):
         lower_int8_transform_pass(mg, {"strict": True})
-    with pytest.raises(PassError, match="no scaled-int8 quantized linear matched"):
+    with pytest.raises(PassError, match="no scaled-int8 quantized linear .*matched"):
         lower_int8_transform_pass(mg)
 
 
@@ -126,3 +130,52 @@ def test_report_on_lowered_graph_needs_a_baseline(bert_graph: ForgeGraph) -> Non
         quantization_report_analysis_pass(mg, {"data": data})
     _, rep = quantization_report_analysis_pass(mg, {"data": data, "baseline": fp32})
     assert rep["output_sqnr_db"] > 15 and len(rep["nodes"]) == 14
+
+
+def _exact_int8(lin: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+    """What an int8 GEMM must compute: the quantized input times the int8 weight, exactly (int32 sums)."""
+    xq, scale, zero_point = lin.quantize_input(x.reshape(-1, x.shape[-1]))
+    acc = (xq.long() - zero_point) @ lin.weight_int8.long().T  # exact integer accumulation
+    y = acc.double() * scale * lin.weight_scale.double() + (0 if lin.bias is None else lin.bias.double())
+    return y.float().reshape(*x.shape[:-1], lin.out_features)
+
+
+@pytest.mark.parametrize(("backend", "static"), [("onednn", True), ("onednn", False), ("fbgemm", False)])
+@pytest.mark.parametrize("in_features", [64, 256])
+def test_int8_kernel_computes_exact_integer_products(backend: str, static: bool, in_features: int) -> None:
+    # Inputs whose uint8 codes reach 255 next to large weights: pairs of u8*s8 products exceed int16, which
+    # x86 int8 GEMMs without VNNI (vpmaddubsw) saturate. The kernel result must still be the exact integer sum.
+    fp = nn.Linear(in_features, 32)
+    x = torch.randn(2, 4, in_features) * 3
+    input_range = (float(x.abs().max()) / 127.5, 128) if static else None
+    lin = Int8Linear.from_linear(fp, backend=backend, input_range=input_range)
+    with torch.no_grad():
+        y, ref, fp_out = lin(x), _exact_int8(lin, x), fp(x)
+    assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+    assert (y - fp_out).abs().max() < 0.05 * fp_out.abs().max()
+
+
+def test_int8_kernel_saturation_probe_forces_reduced_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever this CPU is: a kernel that saturates must get 7-bit inputs (codes <= 127), a graph lowered
+    # elsewhere (reduce_range=False in its checkpoint) included; a kernel that does not keeps 8 bits.
+    from fxforge.passes.quantize import lower
+
+    fp = nn.Linear(64, 16)
+    x = torch.randn(3, 64) * 3
+    for saturates in (True, False):
+        monkeypatch.setattr(lower, "int8_kernel_saturates", lambda backend, s=saturates: s)
+        for backend, input_range in (("onednn", (0.05, 128)), ("onednn", None), ("fbgemm", None)):
+            lin = Int8Linear.from_linear(fp, backend=backend, input_range=input_range)
+            assert lin.effective_reduce_range is saturates
+            xq, _, zero_point = lin.quantize_input(x)
+            assert int(xq.max()) <= (127 if saturates else 255) and 0 <= zero_point <= (127 if saturates else 255)
+            assert int(xq.max()) > 127 or saturates  # 8-bit codes are really used when allowed
+
+
+def test_int8_kernel_saturation_probe_matches_this_cpu() -> None:
+    from fxforge.passes.quantize.lower import int8_kernel_saturates
+
+    for backend in BACKENDS:
+        assert isinstance(int8_kernel_saturates(backend), bool)
+    if torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported():
+        assert not any(int8_kernel_saturates(b) for b in BACKENDS)

@@ -42,6 +42,9 @@ def test_selector_errors_and_by() -> None:
         Selector.parse({"regex": "("})
     with pytest.raises(SelectorError):
         Selector.parse(42)
+    with pytest.raises(SelectorError, match="unknown op name 'Linaer'.*'Linear'"):
+        Selector.parse({"type": ["Linaer"]})  # a typo selects nothing silently no more
+    assert Selector.parse({"type": ["Linear", "layer_norm", "Dropout"]}).types == ("Linear", "layer_norm", "Dropout")
     assert Selector.parse(None).empty
     assert matches_by("type", "linear", "a.b", nn.Linear(2, 2), "linear")
     assert matches_by("name", "b", "a.b", None, "add") and not matches_by("name", "a", "a.b", None, "add")

@@ -1,0 +1,184 @@
+"""Shape guards of an export-captured graph: the input shapes torch.export proved the graph valid for,
+kept as one cheap runtime check (a node right after the placeholders) that survives copies and checkpoints.
+
+torch.export specialises what the model's Python code depends on (a loop over the sequence is unrolled for
+the example's length) and proves ranges for the rest (``seq <= max_position_embeddings``). Its own
+``_guards_fn`` is Python generated from strings, which a checkpoint cannot hold; normalisation replaces it
+by a call to :func:`check_input_shapes` with the constraints as plain data, built here from the exported
+program's placeholders, range constraints and (simple) tracer guards. A violated constraint raises
+:class:`ShapeGuardError` naming the input, the dimension, the allowed values and the remedy.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from . import targets
+
+__all__ = ["ShapeGuardError", "check_input_shapes", "guard_spec", "insert_guard", "GUARD_NODE"]
+
+GUARD_NODE = "fxforge_shape_guard"
+_ALIAS_OPS = {"slice", "alias", "detach", "clone", "contiguous"}
+_GUARD = re.compile(r"^L\['(\w+)'\]\.size\(\)\[(\d+)\] (==|<=|>=|<|>) (?:(-?\d+)|L\['(\w+)'\]\.size\(\)\[(\d+)\])$")
+
+
+class ShapeGuardError(ValueError):
+    """An input's shape is outside what the captured graph was specialised for."""
+
+
+def _fail(names: Sequence[str], index: int, dim: int, actual: int, allowed: str, why: str) -> None:
+    raise ShapeGuardError(
+        f"input {names[index]!r} dimension {dim} is {actual}, but this graph only accepts {allowed}: {why}. "
+        "Pass inputs inside that range, or re-capture the model (ForgeGraph(model, example_inputs=..., "
+        "dynamic=True)) with an example of the size you need")
+
+
+@torch.fx.node.has_side_effect
+def check_input_shapes(*inputs: Any, names: Sequence[str], checks: Sequence[Sequence[Any]]) -> None:
+    """Raise ShapeGuardError unless every check holds. A check is ``(input, dim, kind, value, why)``:
+    kind ``rank`` (value: ndim), ``eq`` (value: size), ``range`` (value: (lo, hi or None)), ``same``
+    (value: (other input, other dim))."""
+    for index, dim, kind, value, why in checks:
+        x = inputs[index]
+        if not isinstance(x, torch.Tensor):
+            continue
+        if kind == "rank":
+            if x.dim() != value:
+                raise ShapeGuardError(f"input {names[index]!r} has {x.dim()} dimensions, but this graph was captured "
+                                      f"for {value} ({why}); pass a {value}-d tensor")
+            continue
+        size = x.shape[dim]
+        if kind == "eq" and size != value:
+            _fail(names, index, dim, size, f"exactly {value}", why)
+        elif kind == "range" and (size < value[0] or (value[1] is not None and size > value[1])):
+            hi = "inf" if value[1] is None else value[1]
+            _fail(names, index, dim, size, f"sizes in [{value[0]}, {hi}]", why)
+        elif kind == "same":
+            other = inputs[value[0]]
+            if isinstance(other, torch.Tensor) and other.dim() > value[1] and size != other.shape[value[1]]:
+                _fail(names, index, dim, size, f"the size of {names[value[0]]!r} dimension {value[1]} "
+                      f"({other.shape[value[1]]})", why)
+
+
+targets.register_function(check_input_shapes, name="fxforge.check_input_shapes")
+
+
+def _unrolled_steps(placeholder: fx.Node, dim: int) -> int:
+    """How many constant-index selects along ``dim`` read this input: a Python loop unrolled by export."""
+    seen: set[int] = set()
+    stack = [placeholder]
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            target = getattr(user.target, "__name__", str(user.target)).split(".")[0]
+            if target in _ALIAS_OPS and user.args and user.args[0] is node and \
+                    not (target == "slice" and len(user.args) > 1 and user.args[1] == dim):
+                stack.append(user)
+            elif target == "select" and len(user.args) > 2 and user.args[1] == dim and isinstance(user.args[2], int):
+                seen.add(user.args[2])
+            elif target == "unbind" and (user.args[1] if len(user.args) > 1 else 0) == dim:
+                return int(placeholder.meta["val"].shape[dim])
+    return len(seen)
+
+
+def _range(vr: Any) -> tuple[int, int | None]:
+    lo, hi = vr.lower, vr.upper
+    lo_i = int(lo) if lo.is_finite else 0
+    hi_i = int(hi) if hi.is_finite and float(hi) < math.inf else None
+    return lo_i, hi_i
+
+
+def _implied(checks: list[tuple[Any, ...]], i: int, d: int, op: str, v: int) -> bool:
+    """Whether a tracer guard ``size op v`` on input i, dim d already follows from ``checks``."""
+    for ci, cd, kind, value, _ in checks:
+        if (ci, cd) != (i, d):
+            continue
+        lo, hi = (value, value) if kind == "eq" else value if kind == "range" else (None, None)
+        if lo is None:
+            continue
+        if (op == "==" and lo == hi == v) or (op == "<=" and hi is not None and hi <= v) or \
+                (op == "<" and hi is not None and hi < v) or (op == ">=" and lo >= v) or (op == ">" and lo > v):
+            return True
+    return False
+
+
+def guard_spec(gm: fx.GraphModule, range_constraints: dict[Any, Any], guards_code: Sequence[str],
+               dynamic: bool) -> tuple[tuple[str, ...], list[tuple[Any, ...]], list[str]]:
+    """(input names, checks, notes) for the export-captured ``gm``: specialisations, proven ranges, equal
+    dimensions, and the tracer's simple size guards; ``notes`` list guards that could not be kept."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = tuple(n.name for n in placeholders)
+    index = {n: i for i, n in enumerate(names)}
+    checks: list[tuple[Any, ...]] = []
+    notes: list[str] = []
+    sources: dict[Any, tuple[int, int]] = {}
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        checks.append((i, 0, "rank", val.dim(), "its rank is part of the captured program"))
+        for d, size in enumerate(val.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_number:  # specialised symbol
+                size = int(size.node.expr)
+            if isinstance(size, int):
+                steps = _unrolled_steps(node, d)
+                if steps > 1:
+                    why = f"capture specialised this dimension to {size}: a Python loop over it was unrolled " \
+                          f"into {steps} steps, so other sizes would silently run {steps} steps"
+                elif dynamic:
+                    why = f"capture specialised this dimension to the example's {size} (the model's code " \
+                          "depends on its value)"
+                else:
+                    why = f"the graph was captured with dynamic=False for the example's size {size}"
+                checks.append((i, d, "eq", size, why))
+                continue
+            expr = size.node.expr
+            if expr in sources:
+                checks.append((i, d, "same", sources[expr], "capture proved these dimensions equal"))
+            elif expr in range_constraints:
+                sources[expr] = (i, d)
+                lo, hi = _range(range_constraints[expr])
+                if lo > 2 or hi is not None:
+                    checks.append((i, d, "range", (lo, hi), "the range torch.export proved the graph valid for"))
+            else:
+                notes.append(f"shape guard: {names[i]} dimension {d} = {expr} is a derived size; not checked")
+    for code in guards_code:
+        m = _GUARD.match(code.strip())
+        if m is None or m.group(1) not in index or (m.group(5) is not None and m.group(5) not in index):
+            notes.append(f"shape guard {code!r} from torch.export is not kept (not a simple size comparison)")
+            continue
+        i, d, op = index[m.group(1)], int(m.group(2)), m.group(3)
+        why = f"torch.export guard {code}"
+        if m.group(4) is not None:
+            v = int(m.group(4))
+            if _implied(checks, i, d, op, v):
+                continue
+            if op == "==":
+                checks.append((i, d, "eq", v, why))
+            else:
+                checks.append((i, d, "range", {"<=": (0, v), "<": (0, v - 1), ">=": (v, None), ">": (v + 1, None)}[op],
+                               why))
+        elif op == "==":
+            other = (index[m.group(5)], int(m.group(6)))
+            known = {(c[0], c[1], *c[3]) for c in checks if c[2] == "same"}
+            if (i, d, *other) not in known and (*other, i, d) not in known:
+                checks.append((i, d, "same", other, why))
+        else:
+            notes.append(f"shape guard {code!r} from torch.export is not kept (an inequality between inputs)")
+    return names, checks, notes
+
+
+def insert_guard(gm: fx.GraphModule, names: tuple[str, ...], checks: list[tuple[Any, ...]]) -> fx.Node | None:
+    """Insert the guard call after the placeholders (nothing when there is nothing to check)."""
+    if not any(c[2] != "rank" for c in checks):
+        return None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    with gm.graph.inserting_after(placeholders[-1]):
+        return gm.graph.create_node("call_function", check_input_shapes, tuple(placeholders),
+                                    {"names": names, "checks": tuple(tuple(c) for c in checks)}, name=GUARD_NODE)

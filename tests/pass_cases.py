@@ -1,0 +1,79 @@
+"""One table of arguments for every registered pass, so tests can run *all* of them (copy, composition).
+
+A pass registered without an entry here fails those tests on purpose: add how to call it (its args and
+the passes that must run first) when you add the pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from fxforge import ForgeGraph
+from fxforge.passes import PASSES
+
+INT8_LINEAR = {"by": "type", "linear": {"config": {"name": "scaled_integer", "data_in_width": 8,
+                                                   "data_in_dynamic": False, "data_in_symmetric": False,
+                                                   "weight_width": 8, "weight_granularity": "per_channel"}}}
+FIXED_LINEAR = {"by": "type", "linear": {"config": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
+                                                    "weight_width": 8, "weight_frac_width": 6}}}
+
+
+@dataclass(frozen=True)
+class PassCase:
+    """How to run a pass on a float graph: ``setup`` passes first, then the pass with ``args(data)``."""
+
+    args: Callable[[list[dict[str, torch.Tensor]]], dict[str, Any] | None]
+    setup: tuple[tuple[str, Callable[[list[dict[str, torch.Tensor]]], dict[str, Any] | None]], ...] = ()
+
+
+def _none(data: list[dict[str, torch.Tensor]]) -> None:
+    return None
+
+
+_QUANTIZE_INT8 = ("quantize_transform_pass", lambda d: INT8_LINEAR)
+_CALIBRATE = ("calibrate_analysis_pass", lambda d: {"data": d})
+_LORA = ("insert_lora_adapter_transform_pass", lambda d: {"rank": 2})
+
+CASES: dict[str, PassCase] = {
+    "init_metadata_analysis_pass": PassCase(_none),
+    "add_common_metadata_analysis_pass": PassCase(_none),
+    "count_op_analysis_pass": PassCase(_none),
+    "report_graph_analysis_pass": PassCase(lambda d: {"show": False}),
+    "report_trainable_parameters_analysis_pass": PassCase(lambda d: {"show": False}),
+    "remove_dropout_transform_pass": PassCase(_none),
+    "freeze_transform_pass": PassCase(lambda d: {"targets": {"type": "embedding"}}),
+    "unfreeze_transform_pass": PassCase(lambda d: {"targets": {"type": "embedding"}},
+                                        (("freeze_transform_pass", lambda d: {"targets": {"type": "embedding"}}),)),
+    "insert_lora_adapter_transform_pass": PassCase(lambda d: {"rank": 2}),
+    "fuse_lora_weights_transform_pass": PassCase(_none, (_LORA,)),
+    "quantize_transform_pass": PassCase(lambda d: FIXED_LINEAR),
+    "calibrate_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8,)),
+    "quantization_report_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8, _CALIBRATE)),
+    "lower_int8_transform_pass": PassCase(_none, (_QUANTIZE_INT8, _CALIBRATE)),
+}
+
+
+def case(name: str) -> PassCase:
+    """The table entry of a registered pass; a clear failure when a new pass has none."""
+    if name not in CASES:
+        raise AssertionError(f"pass {name!r} is registered but tests/pass_cases.py has no entry for it: add "
+                             "its args (and the passes it needs first) so copy/composition tests cover it")
+    return CASES[name]
+
+
+def run_case(graph: ForgeGraph, name: str, data: list[dict[str, torch.Tensor]], setup: bool = True) -> Any:
+    """Run ``name`` (after its setup passes when ``setup``) on ``graph``; returns the pass's info."""
+    c = case(name)
+    if setup:
+        for pre, args in c.setup:
+            PASSES[pre](graph, args(data))
+    return PASSES[name](graph, c.args(data))[1]
+
+
+def registered(kind: str | None = None) -> list[str]:
+    """fxforge's registered pass names (of one kind), sorted; passes that tests register are left out."""
+    return sorted(n for n, fn in PASSES.items() if (kind is None or fn.pass_kind == kind)  # type: ignore[attr-defined]
+                  and fn.__module__.startswith("fxforge."))
