@@ -128,8 +128,10 @@ def _before(v: torch.Tensor, t: int, seq_dim: int) -> torch.Tensor:
 
 def _jacobian_leak(gm: fx.GraphModule, flat: list[Any], which: int, seq_dim: int, length: int) -> float | None:
     """max |d out[:, i] / d x[:, j]| over j > i, from the first float node with the sequence axis."""
-    short = list(flat)
-    short[which] = flat[which].narrow(seq_dim, 0, min(length, flat[which].shape[seq_dim]))
+    full = flat[which].shape[seq_dim]
+    keep = min(length, full)
+    short = [v.narrow(seq_dim, 0, keep) if isinstance(v, torch.Tensor) and v.dim() > seq_dim
+             and v.shape[seq_dim] == full else v for v in flat]  # every input on the same time axis
     tap = _Tap(gm, keep=True)
     with torch.no_grad():
         tap.run(*short)
@@ -143,6 +145,8 @@ def _jacobian_leak(gm: fx.GraphModule, flat: list[Any], which: int, seq_dim: int
         outs = [o for o in pytree.tree_leaves(_Tap(gm, keep=False, override=(src, x)).run(*short))
                 if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dim() > seq_dim
                 and o.shape[seq_dim] == t_len]
+        if not outs:  # no output keeps the time axis (e.g. a sequence classifier): nothing to check
+            return None
         leak = scale = 0.0
         for i in range(t_len - 1):
             total = sum(o.narrow(seq_dim, i, 1).sum() for o in outs)
