@@ -1,7 +1,10 @@
 """Every fxforge pass by name: ``from fxforge import passes; passes.count_op_analysis_pass(mg)``."""
 
+from .analysis.causality import causality_analysis_pass
 from .analysis.count_op import count_op_analysis_pass
+from .analysis.liveness import liveness_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
+from .analysis.profile import profile_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
 from .base import PASSES, PassArgsError, PassError, forge_pass, get_pass
@@ -36,7 +39,10 @@ __all__ = [
     "holds",
     "register_property",
     "add_common_metadata_analysis_pass",
+    "causality_analysis_pass",
     "count_op_analysis_pass",
+    "liveness_analysis_pass",
+    "profile_analysis_pass",
     "forge_pass",
     "get_pass",
     "init_metadata_analysis_pass",
