@@ -14,10 +14,10 @@ it never imports triton -- the Triton modules load on the first call that runs t
 """
 
 from .activation import bias_gelu, bias_relu
-from .afno_mlp import afno_mlp
+from .afno import afno_mlp
 from .dispatch import kernel_backend, triton_available, use_triton
 from .layernorm import add_layer_norm, layer_norm
-from .softmax import scaled_masked_softmax, softmax, softmax_backward
+from .row_softmax import scaled_masked_softmax, softmax, softmax_backward
 
 __all__ = ["add_layer_norm", "afno_mlp", "bias_gelu", "bias_relu", "kernel_backend", "layer_norm",
            "scaled_masked_softmax", "softmax", "softmax_backward", "triton_available", "use_triton"]

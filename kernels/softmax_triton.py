@@ -3,7 +3,7 @@
 One program per row: the row is loaded into SRAM once (``BLOCK_SIZE`` = the next power of two >= the
 row width; the columns past the width are masked and read as -inf so they add exp(-inf) = 0), max,
 subtract, exp, sum and divide happen on-chip in fp32, and the result is written once. Imported lazily
-by kernels/softmax.py (never at ``import fxforge``), so ``TRITON_INTERPRET`` is honoured.
+by kernels/row_softmax.py (never at ``import fxforge``), so ``TRITON_INTERPRET`` is honoured.
 """
 
 from __future__ import annotations

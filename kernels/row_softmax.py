@@ -44,7 +44,13 @@ def _out_dtype(x: Tensor, mask: Tensor | None) -> torch.dtype:
 
 
 def _check_mask(x: Tensor, mask: Tensor | None) -> None:
-    if mask is not None and torch.broadcast_shapes(x.shape, mask.shape) != x.shape:
+    if mask is None:
+        return
+    try:
+        ok = torch.broadcast_shapes(x.shape, mask.shape) == x.shape
+    except RuntimeError:
+        ok = False
+    if not ok:
         raise ValueError(f"fxforge.scaled_masked_softmax: mask {tuple(mask.shape)} must broadcast to the "
                          f"scores {tuple(x.shape)}")
 
