@@ -102,9 +102,10 @@ def fuse_kernels_transform_pass(graph: ForgeGraph, args: FuseKernelsArgs) -> tup
             name, module, op = node_identity(node, gm)
             if (not include.empty and not include.matches(name, module, op)) or skip.matches(name, module, op):
                 continue
-            with GraphRewrite(gm) as rw:  # one rewrite per match: later matches see derived metadata
-                kind = matcher(rw, node)
+            rw = GraphRewrite(gm)  # one rewrite per match, so later matches see derived metadata;
+            kind = matcher(rw, node)  # matchers edit only once their whole pattern holds
             if kind is not None:
+                rw.finish()
                 fused[kind] = fused.get(kind, 0) + 1
                 names.append(name)
     return graph, FuseKernelsInfo(fused=fused, nodes_before=before, nodes_after=len(gm.graph.nodes),

@@ -301,17 +301,15 @@ def fuse_bias_activation(rw: GraphRewrite, node: fx.Node) -> str | None:
         return None
     if lin.op == "call_module":
         m = gm.get_submodule(str(lin.target))
-        if not isinstance(m, nn.Linear) or m.bias is None or type(m) is not nn.Linear:
+        if type(m) is not nn.Linear or m.bias is None or len(lin.args) != 1 or lin.kwargs:
             return None
         x, w, b = lin.args[0], _get_attr(rw, f"{lin.target}.weight", lin), _get_attr(rw, f"{lin.target}.bias", lin)
         target: Any = F.linear
     else:
         x, w, b = arg(lin, 0, "input"), arg(lin, 1, "weight"), arg(lin, 2, "bias")
-        if not isinstance(b, fx.Node):
+        if not isinstance(b, fx.Node) or len(shape_of(b) or ()) != 1:
             return None
         target = lin.target
-    if shape_of(b) is not None and len(shape_of(b)) != 1:  # type: ignore[arg-type]
-        return None
     rw.replace(lin, "call_function", target, (x, w))
     if act[0] == "gelu":
         rw.replace(node, "call_function", torch.ops.fxforge.bias_gelu.default, (lin, b, act[1]))
