@@ -23,7 +23,9 @@ from .quantize import (
     quantization_report_analysis_pass,
     quantize_transform_pass,
 )
+from .transform.afno_real import afno_real_arithmetic_transform_pass
 from .transform.freeze import freeze_transform_pass, unfreeze_transform_pass
+from .transform.fuse_kernels import fuse_kernels_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
 from .transform.remove_dropout import remove_dropout_transform_pass
 
@@ -57,4 +59,6 @@ __all__ = [
     "calibrate_analysis_pass",
     "quantization_report_analysis_pass",
     "lower_int8_transform_pass",
+    "fuse_kernels_transform_pass",
+    "afno_real_arithmetic_transform_pass",
 ]
