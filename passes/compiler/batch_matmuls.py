@@ -82,7 +82,7 @@ def _batch_sequence(gm: fx.GraphModule, rw: GraphRewrite) -> tuple[int, int]:
     for (base, dim, weight), members in groups.items():
         if len(members) < 2:
             continue
-        proj = rw.call_function(aten.matmul.default, (base, weight), after=_last([base, weight]))
+        proj = rw.call_function(aten.matmul.default, (base, weight), before=members[0][0])
         split = rw.call_function(aten.unbind.int, (proj, dim), after=proj)
         infer_val(proj)
         infer_val(split)
@@ -183,7 +183,8 @@ def _absorb_biases(gm: fx.GraphModule, rw: GraphRewrite) -> int:
 
 
 @forge_pass("transform", NoArgs, info=BatchMatmulsInfo,
-            contract=NumericalContract("exact", atol=1e-6, rtol=1e-6, note="one GEMM over more rows; re-associated bias"))
+            contract=NumericalContract("exact", atol=1e-6, rtol=1e-6,
+                                       note="one GEMM over more rows; re-associated bias"))
 def batch_matmuls_transform_pass(graph: ForgeGraph, args: NoArgs) -> tuple[ForgeGraph, BatchMatmulsInfo]:
     """Batch per-step matmuls over the sequence, merge sibling matmuls, absorb per-step biases."""
     gm = graph.model

@@ -2,7 +2,8 @@
 
 ``x + (a * s) * b`` and ``x + a * b`` (s a Python scalar; the A-GRU update ``h + ε·z·c``) become
 ``addcmul(x, a, b, value=s)``: one kernel and one autograd node instead of three. ATen evaluates
-``x + (s·a)·b`` in the same order, so the values are bit-identical. Larger gate fusions (sigmoid/tanh
+``x + (s·a)·b`` in the same order but its vectorised kernel may fuse the multiply-add, so values
+agree within one rounding (~1e-7 relative), not bit for bit. Larger gate fusions (sigmoid/tanh
 with their adds) are left to ``torch.compile`` on the optimized graph: benchmarks/bench_agru.py
 measures both.
 """
@@ -89,7 +90,7 @@ def _fuse_addcmul(gm: fx.GraphModule, rw: GraphRewrite) -> int:
 
 
 @forge_pass("transform", NoArgs, info=FuseElementwiseInfo,
-            contract=NumericalContract("exact", atol=0.0, rtol=0.0, note="addcmul evaluates x + (s*a)*b"))
+            contract=NumericalContract("exact", atol=1e-6, rtol=1e-6, note="x + (s*a)*b, maybe one fused rounding"))
 def fuse_elementwise_transform_pass(graph: ForgeGraph, args: NoArgs) -> tuple[ForgeGraph, FuseElementwiseInfo]:
     """Fuse ``x + (a*s)*b`` chains into ``addcmul`` (ATen graphs)."""
     gm = graph.model

@@ -99,7 +99,8 @@ def _writes(node: fx.Node) -> list[fx.Node]:
         for i, arg in enumerate(schema.arguments):
             if arg.alias_info is not None and arg.alias_info.is_write:
                 value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-                written += [v for v in (value if isinstance(value, list | tuple) else [value]) if isinstance(v, fx.Node)]
+                values = value if isinstance(value, list | tuple) else [value]
+                written += [v for v in values if isinstance(v, fx.Node)]
         return written
     name = str(node.target) if node.op == "call_method" else (
         canonical_function_name(node.target) if node.op == "call_function" else "")
