@@ -138,16 +138,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                    help="intra-op threads (1: robust on a shared, loaded machine)")
     p.add_argument("--quick", action="store_true", help="no torch.compile, no ablation, small size only")
     p.add_argument("--no-large", action="store_true", help="skip the large size")
+    p.add_argument("--no-small", action="store_true", help="skip the small size")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (~30 s+ cold per model)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sizes = [(128, 28, 128, 28)] + ([] if args.quick or args.no_large else [(256, 128, 128, 28)])
+    sizes = ([] if args.no_small else [(128, 28, 128, 28)]) + (
+        [] if args.quick or args.no_large else [(256, 128, 128, 28)])
     print(f"A-GRU benchmark: torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}, repeats {args.repeats} (medians)")
     results: dict[str, dict[str, float]] = {}
-    for i, size in enumerate(sizes):
+    for size in sizes:
         hidden, length, batch, inputs = size
-        large = i > 0
-        compile_ = not args.quick
+        large = size[0] > 128
+        compile_ = not (args.quick or args.no_compile)
         models, params, x, y, info = build(size, args.layers, compile_, ablate=not args.quick and not large)
         print(f"\nH {hidden}, T {length}, B {batch}, inputs {inputs}, layers {args.layers}: {info}")
         train = {k: fwd_bwd(m, params[k], x, y) for k, m in models.items() if k != "optimized+fold"}

@@ -65,6 +65,9 @@ def _random_kwargs(node: fx.Node) -> bool:
         value = node.kwargs.get(key)
         if isinstance(value, int | float) and value > 0:
             return True
+    name = str(node.target) if node.op == "call_method" else canonical_function_name(node.target)
+    if "scaled_dot_product" in name and len(node.args) > 4 and node.args[4] != 0:
+        return True  # positional dropout_p
     return node.kwargs.get("train") is True or node.kwargs.get("training") is True
 
 
