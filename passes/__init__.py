@@ -8,6 +8,15 @@ from .analysis.profile import profile_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
 from .base import PASSES, PassArgsError, PassError, forge_pass, get_pass
+from .compiler import (
+    batch_matmuls_transform_pass,
+    cse_transform_pass,
+    dce_transform_pass,
+    fold_constants_transform_pass,
+    fuse_elementwise_transform_pass,
+    hoist_parameter_subgraphs_transform_pass,
+    optimize_graph_pipeline,
+)
 from .contract import (
     ContractError,
     EmptyInfo,
@@ -61,4 +70,11 @@ __all__ = [
     "lower_int8_transform_pass",
     "fuse_kernels_transform_pass",
     "afno_real_arithmetic_transform_pass",
+    "cse_transform_pass",
+    "dce_transform_pass",
+    "hoist_parameter_subgraphs_transform_pass",
+    "fold_constants_transform_pass",
+    "batch_matmuls_transform_pass",
+    "fuse_elementwise_transform_pass",
+    "optimize_graph_pipeline",
 ]
