@@ -30,18 +30,20 @@ from .checkpoint_values import IDENT, Env, decode_value, encode_value
 from .inputs import ExampleInputs
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import NodeMeta, get_meta, has_meta, set_meta
+from .reference_outputs import outputs_of
 from .targets import CheckpointError
 
 if TYPE_CHECKING:
     from .forge_graph import ForgeGraph
 
-__all__ = ["CHECKPOINT_SCHEMA_VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_SCHEMA_VERSION", "CheckpointError", "load_checkpoint", "reference_outputs", "save_checkpoint"]
 
 FORMAT = "fxforge-checkpoint"
 CHECKPOINT_SCHEMA_VERSION = 1
 GRAPH, METADATA, WEIGHTS, INPUTS, MANIFEST = (
     "graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors", "manifest.json")
-_DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS)
+OUTPUTS = "reference_outputs.safetensors"  # optional: graph/reference_outputs, checked by `fxforge verify`
+_DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS, OUTPUTS)
 _PART = re.compile(r"^[A-Za-z0-9_]+$")  # one component of a module/attribute path
 _PLACEHOLDER = re.compile(r"^\*{0,2}[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -221,6 +223,9 @@ def save_checkpoint(mg: ForgeGraph, path: str | Path) -> Path:
         inputs_doc = {"args": encode_value(list(ex.args), "example_inputs", sink),
                       "kwargs": encode_value(dict(ex.kwargs), "example_inputs", sink)}
         files[INPUTS] = _safetensors_bytes(inputs, INPUTS)
+        recorded = outputs_of(mg)
+        if recorded is not None:
+            files[OUTPUTS] = _safetensors_bytes(recorded, OUTPUTS)
     class_name = type(gm).__name__
     graph_doc = {
         "format": FORMAT, "schema_version": CHECKPOINT_SCHEMA_VERSION, "frontend": mg.frontend,
@@ -259,8 +264,8 @@ def _read_verified(root: Path) -> dict[str, bytes]:
                               f"({CHECKPOINT_SCHEMA_VERSION}); upgrade fxforge")
     missing = [f for f in (GRAPH, METADATA, WEIGHTS) if f not in files]
     if missing or set(files) - set(_DATA_FILES):
-        raise CheckpointError(f"{mpath}: must list {GRAPH}, {METADATA}, {WEIGHTS} (and optionally {INPUTS}), "
-                              f"lists {sorted(files)}")
+        raise CheckpointError(f"{mpath}: must list {GRAPH}, {METADATA}, {WEIGHTS} (optionally {INPUTS}, "
+                              f"{OUTPUTS}), lists {sorted(files)}")
     payloads: dict[str, bytes] = {}
     for name, info in files.items():
         if not (root / name).is_file():
@@ -416,6 +421,13 @@ def _restore_metadata(graph: fx.Graph, doc: Any, mpath: Path) -> None:
             raise CheckpointError(f"{mpath}: node {name!r}: bad metadata ({exc}); import the module that "
                                   "registers its records") from None
         set_meta(nodes[name], meta)
+
+
+def reference_outputs(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """The outputs recorded at export (manifest-verified), or None when the checkpoint recorded none."""
+    root = Path(path)
+    payloads = _read_verified(root)
+    return _parse(root, OUTPUTS, payloads) if OUTPUTS in payloads else None
 
 
 def load_checkpoint(path: str | Path) -> ForgeGraph:

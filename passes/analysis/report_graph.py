@@ -10,7 +10,7 @@ from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
 from ...graph.metadata import ValueMeta, has_meta
 from ..base import forge_pass
-from .table import format_table
+from .table import format_table, terminal_width
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ def report_graph_analysis_pass(graph: ForgeGraph, args: ReportGraphArgs) -> tupl
             "in_shapes": in_shapes, "out_shapes": out_shapes, "out_dtype": out_dtypes,
         })
     table = format_table(rows)
-    if args.show:
-        print(table)
+    if args.show:  # printed to fit the terminal; the returned and written tables are complete
+        print(format_table(rows, max_width=terminal_width()))
     if args.file is not None:
         Path(args.file).write_text(table + "\n", encoding="utf-8")
     return graph, {"table": table, "rows": rows}
