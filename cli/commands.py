@@ -86,9 +86,9 @@ def search(
     """Run the search CONFIG.toml describes (resumable), or join a study as a worker: `search worker --storage`."""
     overrides: dict[str, Any] = {k: v for k, v in (("storage", storage), ("n_trials", n_trials)) if v is not None}
     if config == "worker":
-        worker = _feature("fxforge.search", "worker", "searches")
         if storage is None or study is None:
             raise CliError("a worker needs --storage postgresql://… (or sqlite:///…) and --study NAME")
+        worker = _feature("fxforge.search", "worker", "searches")
         overrides.pop("storage")
         result = worker(study, storage, **overrides)
     else:

@@ -12,17 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    BertConfig,
-    BertForSequenceClassification,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
 
 from ..hub import hub_reachable
 from ..quiet import quiet
+
+with quiet():  # transformers' model code imports torchao, which logs missing CUDA libraries
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+    )
 
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", MINILM_NAME.lower()}
