@@ -101,10 +101,13 @@ def _measured_sqnr(mg: ForgeGraph) -> tuple[dict[str, float], str]:
         return {}, "SQNR not measured: the graph has no example inputs"
     from ..passes import quantization_report_analysis_pass
 
+    history = list(mg.history)
     try:
         _, info = quantization_report_analysis_pass(mg)
     except Exception as exc:  # noqa: BLE001 - the report still shows formats and bits
         return {}, f"SQNR not measured: {str(exc).splitlines()[0][:200]}"
+    finally:
+        mg.history[:] = history  # looking at a graph must not change its recorded history
     return {r["node"]: r["sqnr_db"] for r in info["nodes"]}, (
         f"SQNR on the example inputs; model output SQNR {info['output_sqnr_db']:.2f} dB")
 
