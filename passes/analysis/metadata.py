@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
@@ -39,6 +39,8 @@ class CommonMetadataArgs:
     graph's example inputs (HF models get them built from hf_input_names at capture)."""
 
     dummy_in: Any = None
+    MASE_REFUSED: ClassVar[dict[str, str]] = {
+        "add_value": "fxforge metadata records shapes, dtypes and precisions, never tensor values; drop the key"}
 
 
 def flat_inputs(gm: fx.GraphModule, example: ExampleInputs) -> list[Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
@@ -19,6 +19,7 @@ class ReportGraphArgs:
 
     file: str | None = None
     show: bool = True
+    MASE_ALIASES: ClassVar[dict[str, str]] = {"file_name": "file"}
 
 
 def _describe(values: dict[str, ValueMeta]) -> tuple[str, str]:
