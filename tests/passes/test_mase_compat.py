@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,15 @@ def test_mase_pass_keys_are_aliased_or_refused(tmp_path: Path) -> None:
     assert out.read_text().startswith("node") and args == {"file_name": str(out), "show": False}
     with pytest.raises(PassArgsError, match="not both"):
         passes.report_graph_analysis_pass(mg, {"file_name": "a", "file": "b"})
+
+
+def test_quantize_by_name_accepts_fx_node_names(tiny_bert: torch.nn.Module) -> None:
+    from fxforge.passes.quantize.records import QuantizationRecord
+
+    int8 = {"config": {"name": "integer", "weight_width": 8, "weight_frac_width": 4}}
+    for key in ("bert_encoder_layer_0_attention_self_query", "bert.encoder.layer.0.attention.self.query"):
+        mg = ForgeGraph(copy.deepcopy(tiny_bert), hf_input_names=["input_ids", "attention_mask"])
+        mg, _ = passes.init_metadata_analysis_pass(mg)
+        q, _ = passes.quantize_transform_pass(mg, {"by": "name", key: int8})
+        hits = [n.name for n in q.nodes if q.meta(n).software.get(QuantizationRecord) is not None]
+        assert hits == ["bert_encoder_layer_0_attention_self_query"], (key, hits)
