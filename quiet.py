@@ -37,6 +37,15 @@ def quiet(progress_bars: bool = False) -> Iterator[None]:
             hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover - transformers is a dependency
         hf_logging = None
+    ds_bars = None
+    try:
+        from datasets.utils import logging as ds_logging
+
+        ds_bars = ds_logging.is_progress_bar_enabled()
+        if not progress_bars:
+            ds_logging.disable_progress_bar()
+    except ImportError:  # datasets is optional for the loaders that use quiet()
+        ds_logging = None
     try:
         for lg in loggers:
             lg.setLevel(logging.ERROR)
@@ -49,3 +58,5 @@ def quiet(progress_bars: bool = False) -> Iterator[None]:
             lg.setLevel(level)
         if hf_logging is not None and bars:
             hf_logging.enable_progress_bar()
+        if ds_logging is not None and ds_bars:
+            ds_logging.enable_progress_bar()

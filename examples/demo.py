@@ -52,8 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     _, report = passes.report_graph_analysis_pass(mg, {"show": False})
     _, trainable = passes.report_trainable_parameters_analysis_pass(mg, {"show": False})
     print(f"[3/5] ops {counts['counts']}; {trainable['trainable']:,} trainable parameters")
-    print("\n".join(report["table"].splitlines()[:2] + [r for r in report["table"].splitlines()
-                                                         if "attention.self.query" in r][:2]))
+    from fxforge.passes.analysis.table import format_table, terminal_width
+
+    queries = [r for r in report["rows"] if "attention.self.query" in r["target"]][:2]
+    print(format_table(queries, ["node", "kind", "op", "in_shapes", "out_shapes", "out_dtype"],
+                       max_width=terminal_width()))
 
     # ---- SEARCH STEP GOES HERE: a short joint search (LoRA rank x precision, a handful of trials on the
     # ---- embedded, resumable study store) once fxforge.search lands; its best point is what gets exported.
