@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from cli_support import run_cli
+import pytest
+from cli_support import make_checkpoint, run_cli
+from conftest import rehash_manifest
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.fxforge"
+    return path, make_checkpoint(path)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -64,13 +71,6 @@ def test_inspect_checkpoint_verify_draw_report(checkpoint: tuple[Path, int], tmp
     assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")  # self-contained: nothing to fetch
 
 
-def _rehash(path: Path) -> None:
-    """Recompute the manifest so only the allowlist/outputs checks can catch a modification."""
-    manifest = json.loads((path / "manifest.json").read_text())
-    for name, entry in manifest["files"].items():
-        data = (path / name).read_bytes()
-        entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
-    (path / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_tampered_checkpoints_fail_with_one_line(checkpoint: tuple[Path, int], tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ def test_tampered_checkpoints_fail_with_one_line(checkpoint: tuple[Path, int], t
     node = next(n for n in graph["nodes"] if n["op"] == "call_function")
     node["target"] = "os.system"
     (evil / "graph.json").write_text(json.dumps(graph))
-    _rehash(evil)
+    rehash_manifest(evil)
     assert_one_line_error(run_cli("verify", str(evil)), "os.system")
     assert_one_line_error(run_cli("verify", str(tmp_path / "nowhere")), "no such checkpoint")
     assert_one_line_error(run_cli("report", str(path), "-o", str(tmp_path / "r.html"), "--search",

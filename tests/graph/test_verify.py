@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import safetensors.torch
 import torch
-from conftest import make_gpt
+from conftest import make_gpt, rehash_manifest
 from fxforge import ForgeGraph
 from fxforge.graph.verify import verify_checkpoint
-
-
-def _rehash(path: Path) -> None:
-    manifest = json.loads((path / "manifest.json").read_text())
-    for name, entry in manifest["files"].items():
-        data = (path / name).read_bytes()
-        entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
-    (path / "manifest.json").write_text(json.dumps(manifest))
 
 
 def test_verify_passes_then_catches_changed_weights(tmp_path: Path) -> None:
@@ -32,7 +22,7 @@ def test_verify_passes_then_catches_changed_weights(tmp_path: Path) -> None:
     name = next(k for k in weights if k.startswith("blocks") and k.endswith("weight") and weights[k].dim() == 2)
     weights[name] = weights[name] * 1.5  # a consistent, re-hashed checkpoint with different numbers
     safetensors.torch.save_file(weights, path / "weights.safetensors", metadata={"format": "pt"})
-    _rehash(path)
+    rehash_manifest(path)
     report, _ = verify_checkpoint(path)
     assert not report.ok and report.checks[-1].name == "outputs" and report.checks[-1].status == "failed"
 
