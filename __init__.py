@@ -12,4 +12,7 @@ from .graph.forge_graph import ForgeGraph, PassRecord
 from .graph.inputs import ExampleInputs
 from .graph.targets import CheckpointError
 
-__all__ = ["CaptureError", "kernels", "CheckpointError", "ExampleInputs", "ForgeGraph", "PassRecord", "passes"]
+MaseGraph = ForgeGraph  # MASE's name, for code moving over from chop (see docs/migration.md)
+
+__all__ = ["CaptureError", "CheckpointError", "ExampleInputs", "ForgeGraph", "MaseGraph", "PassRecord", "kernels",
+           "passes"]

@@ -28,19 +28,22 @@ from .checkpoint_load import (
     GRAPH,
     INPUTS,
     METADATA,
+    OUTPUTS,
     WEIGHTS,
     load_checkpoint,
+    reference_outputs,
 )
 from .checkpoint_values import check_node_name, check_path, encode_value, join
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import get_meta, has_meta
+from .reference_outputs import outputs_of
 from .targets import CheckpointError, is_identifier
 from .treespec import encode_spec
 
 if TYPE_CHECKING:
     from .forge_graph import ForgeGraph
 
-__all__ = ["CHECKPOINT_SCHEMA_VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_SCHEMA_VERSION", "CheckpointError", "load_checkpoint", "reference_outputs", "save_checkpoint"]
 
 # -- saving ---------------------------------------------------------------------------------------------
 def _collect_state(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -170,6 +173,9 @@ def save_checkpoint(mg: ForgeGraph, path: str | Path) -> Path:
         inputs_doc = {"args": encode_value(list(ex.args), "example_inputs", sink),
                       "kwargs": encode_value(dict(ex.kwargs), "example_inputs", sink)}
         files[INPUTS] = _safetensors_bytes(inputs, INPUTS)
+        recorded = outputs_of(mg)
+        if recorded is not None:
+            files[OUTPUTS] = _safetensors_bytes(recorded, OUTPUTS)
     class_name = type(gm).__name__
     graph_doc = {
         "format": FORMAT, "schema_version": CHECKPOINT_SCHEMA_VERSION, "frontend": mg.frontend,

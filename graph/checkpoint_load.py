@@ -34,7 +34,8 @@ FORMAT = "fxforge-checkpoint"
 CHECKPOINT_SCHEMA_VERSION = 2  # 2: pytree structure in fxforge's schema (1: torch treespec JSON, translated)
 READABLE_VERSIONS = (1, 2)
 GRAPH, METADATA, WEIGHTS, INPUTS = "graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors"
-DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS)
+OUTPUTS = "reference_outputs.safetensors"  # optional: graph/reference_outputs, checked by `fxforge verify`
+DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS, OUTPUTS)
 _CONFIG_SCALARS = (bool, int, float, str, type(None))
 
 
@@ -247,6 +248,13 @@ def _restore_metadata(graph: fx.Graph, doc: Any, mpath: Path) -> None:
         set_meta(nodes[name], meta)
 
 
+def reference_outputs(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """The outputs recorded at export (manifest-verified), or None when the checkpoint recorded none."""
+    root = Path(path)
+    payloads, _ = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS, OUTPUTS))
+    return _parse(root, OUTPUTS, payloads) if OUTPUTS in payloads else None
+
+
 def load_checkpoint(path: str | Path) -> ForgeGraph:
     """Load a checkpoint written by :func:`save_checkpoint`; CheckpointError names the failing file.
 
@@ -256,7 +264,7 @@ def load_checkpoint(path: str | Path) -> ForgeGraph:
     from .forge_graph import ForgeGraph, PassRecord
 
     root = Path(path)
-    payloads, version = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS,))
+    payloads, version = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS, OUTPUTS))
     gpath = root / GRAPH
     doc = _parse(root, GRAPH, payloads)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("schema_version") != version \

@@ -26,6 +26,7 @@ from .contract import (
     holds,
     register_property,
 )
+from .lora_checkpoint import load_lora_adapters, save_lora_adapters
 from .quantize import (
     calibrate_analysis_pass,
     lower_int8_transform_pass,
@@ -63,6 +64,8 @@ __all__ = [
     "freeze_transform_pass",
     "unfreeze_transform_pass",
     "insert_lora_adapter_transform_pass",
+    "save_lora_adapters",
+    "load_lora_adapters",
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
     "calibrate_analysis_pass",

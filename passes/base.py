@@ -114,6 +114,24 @@ def _check_range(pass_name: str, field: dataclasses.Field[Any], value: Any) -> N
                             f"it must be in [{lo}, {hi}]")
 
 
+def _mase_keys(pass_name: str, args_type: type, pass_args: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Rename MASE's pass keys (``MASE_ALIASES`` on the args class) and refuse ``MASE_REFUSED`` ones with the reason."""
+    aliases: dict[str, str] = getattr(args_type, "MASE_ALIASES", {})
+    refused: dict[str, str] = getattr(args_type, "MASE_REFUSED", {})
+    for key in pass_args:
+        if key in refused:
+            raise PassArgsError(f"{pass_name}: MASE key {key!r} is not used by fxforge: {refused[key]}")
+    if not any(k in aliases for k in pass_args):
+        return pass_args
+    out = dict(pass_args)
+    for mase, ours in aliases.items():
+        if mase in out:
+            if ours in out:
+                raise PassArgsError(f"{pass_name}: give {ours!r} or MASE's {mase!r}, not both")
+            out[ours] = out.pop(mase)
+    return out
+
+
 def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] | None) -> A:
     """Validate ``pass_args`` against the dataclass ``args_type`` and build a fresh instance.
 
@@ -131,6 +149,7 @@ def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] 
     if bad_keys:
         raise PassArgsError(f"{pass_name}: pass_args key {bad_keys[0]!r} ({type(bad_keys[0]).__name__}) is not a "
                             f"string; allowed keys: {sorted(fields)}")
+    pass_args = _mase_keys(pass_name, args_type, pass_args)
     unknown = sorted(set(pass_args) - set(fields))
     if unknown:
         raise PassArgsError(f"{pass_name}: unknown pass_args key(s) {unknown}; allowed keys: {sorted(fields)}")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from pathlib import Path
 
 # Set before anything imports triton or transformers: kernels run under the interpreter, no hub.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -70,3 +73,12 @@ def make_agru() -> nn.Module:
 
     torch.manual_seed(0)
     return AGRUClassifier(input_size=8, hidden_size=16, num_layers=2, num_classes=10).eval()
+
+
+def rehash_manifest(path: Path) -> None:
+    """Recompute a checkpoint manifest after editing its files, so only the deeper checks can catch the edit."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    for name, entry in manifest["files"].items():
+        data = (path / name).read_bytes()
+        entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    (path / "manifest.json").write_text(json.dumps(manifest))

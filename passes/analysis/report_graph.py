@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
 from ...graph.metadata import ValueMeta, has_meta
 from ..base import forge_pass
-from .table import format_table
+from .table import format_table, terminal_width
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class ReportGraphArgs:
 
     file: str | None = None
     show: bool = True
+    MASE_ALIASES: ClassVar[dict[str, str]] = {"file_name": "file"}
 
 
 def _describe(values: dict[str, ValueMeta]) -> tuple[str, str]:
@@ -46,8 +47,8 @@ def report_graph_analysis_pass(graph: ForgeGraph, args: ReportGraphArgs) -> tupl
             "in_shapes": in_shapes, "out_shapes": out_shapes, "out_dtype": out_dtypes,
         })
     table = format_table(rows)
-    if args.show:
-        print(table)
+    if args.show:  # printed to fit the terminal; the returned and written tables are complete
+        print(format_table(rows, max_width=terminal_width()))
     if args.file is not None:
         Path(args.file).write_text(table + "\n", encoding="utf-8")
     return graph, {"table": table, "rows": rows}

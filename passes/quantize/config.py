@@ -191,8 +191,9 @@ class QuantizeConfig:
         for key, cfg in self.rules:
             if self.by == "type":
                 hit = key == op or (key == "fft" and op in FFT_OPS)
-            else:
-                hit = matches_by(self.by, key, name, module, op)
+            else:  # by name: a module path (or dotted suffix) or the fx node name MASE users know
+                hit = matches_by(self.by, key, name, module, op) or \
+                    (self.by == "name" and key == name.replace(".", "_"))
             if hit:
                 return key, cfg
         return None, self.default

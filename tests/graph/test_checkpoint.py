@@ -22,7 +22,8 @@ from fxforge.graph.checkpoint import load_checkpoint, save_checkpoint
 from fxforge.graph.metadata import get_meta, has_meta
 from fxforge.graph.targets import CheckpointError
 
-FILES = {"graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors", "manifest.json"}
+FILES = {"graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors", "manifest.json",
+         "reference_outputs.safetensors"}  # eval-mode graphs with example inputs record their outputs
 
 
 class ConvNet(nn.Module):
