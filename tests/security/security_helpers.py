@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.nn as nn
 from fxforge import ExampleInputs, ForgeGraph
@@ -54,3 +55,13 @@ def edit_json(path: Path, name: str, edit: Callable[[Any], Any]) -> None:
     doc = json.loads((path / name).read_text())
     out = edit(doc)
     rewrite(path, name, json.dumps(doc if out is None else out).encode())
+
+
+@pytest.fixture(scope="session")
+def export_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny export-captured graph (keyword input: a dict in its input structure), exported once per session.
+
+    A fixture here, imported by the test modules that use it: a second ``conftest.py`` under tests/ would
+    shadow tests/conftest.py for modules doing ``from conftest import ...``.
+    """
+    return tiny_graph("export").export(tmp_path_factory.mktemp("pristine") / "ckpt")

@@ -14,14 +14,14 @@ import torch
 import torch.utils._pytree as pytree
 from fxforge import CheckpointError, ForgeGraph
 from fxforge.graph.atomic import MAX_JSON_DEPTH
-from security_helpers import edit_json, fresh_copy, remanifest, rewrite, tiny_graph
+from security_helpers import edit_json, export_ckpt, fresh_copy, remanifest, rewrite, tiny_graph  # noqa: F401
 
 INJECTED = ("x':x}}), self._in_spec)\n__import__('os').system('touch {canary}')\n"
             "def _f(self, x):\n    x, = fx_pytree.tree_flatten_spec(([], {{'x")
 
 
 @pytest.fixture
-def ckpt(export_ckpt: Path, tmp_path: Path) -> Path:
+def ckpt(export_ckpt: Path, tmp_path: Path) -> Path:  # noqa: F811 (pytest fixture)
     return fresh_copy(export_ckpt, tmp_path)
 
 

@@ -15,7 +15,7 @@ import pytest
 from fxforge import CheckpointError, ForgeGraph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from security_helpers import remanifest
+from security_helpers import export_ckpt, remanifest  # noqa: F401
 
 EXAMPLES = int(os.environ.get("FXFORGE_FUZZ_EXAMPLES", "100"))
 CANARY = Path(tempfile.gettempdir()) / "fxforge_fuzz_canary"
@@ -67,7 +67,7 @@ def _mutate(doc: Any, data: st.DataObject) -> Any:
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
-def test_mutated_checkpoint_loads_or_fails_cleanly(export_ckpt: Path, data: st.DataObject,
+def test_mutated_checkpoint_loads_or_fails_cleanly(export_ckpt: Path, data: st.DataObject,  # noqa: F811
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     name = data.draw(st.sampled_from(["graph.json", "graph.json", "graph.json", "metadata.json", "manifest.json"]))
     rounds = data.draw(st.integers(1, 3))
