@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 # Set before anything imports triton or transformers: kernels run under the interpreter, no hub.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -70,3 +71,22 @@ def make_agru() -> nn.Module:
 
     torch.manual_seed(0)
     return AGRUClassifier(input_size=8, hidden_size=16, num_layers=2, num_classes=10).eval()
+
+
+@pytest.fixture
+def restore_registries() -> Iterator[None]:
+    """Registrations a test makes (passes, graph properties, metadata records, checkpoint targets) are
+    undone afterwards, whether the test passes or fails."""
+    from fxforge.graph import metadata, targets
+    from fxforge.passes import base, contract
+
+    registries = [base.PASSES, base.PASS_ALIASES, contract.PROPERTIES, metadata._RECORDS,
+                  targets._USER_FUNCTIONS, targets._MODULES_BY_NAME, targets._MODULES_BY_CLASS]
+    saved = [dict(r) for r in registries]
+    namespaces = set(targets._OP_NAMESPACES)
+    yield
+    for registry, before in zip(registries, saved):
+        registry.clear()
+        registry.update(before)
+    targets._OP_NAMESPACES.clear()
+    targets._OP_NAMESPACES.update(namespaces)

@@ -384,6 +384,7 @@ class WithCustom(nn.Module):
         return self.custom(x) + 1
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_unregistered_module_refused_at_export_then_registered(tmp_path: Path) -> None:
     x = torch.randn(2, 4)
     mg = ForgeGraph(WithCustom(), example_inputs=(x,), frontend="fx", leaf_modules=[Custom])
