@@ -22,6 +22,7 @@ from ...graph.metadata import get_meta
 from ..base import forge_pass
 from ..batching import iter_batches, run_batch
 from ..contract import NumericalContract, PassInfo
+from ..rewrite import complete_metadata
 from .quantizer import Observer
 from .records import CalibrationRecord
 from .state import activation_quantizers, quantized_nodes
@@ -115,6 +116,7 @@ def calibrate_transform_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[Fo
         for q in quantizers.values():
             q.observer = None
         gm.train(was_training)
+    complete_metadata(gm)  # quantizers that could not run uncalibrated now can: record their values
     return graph, CalibrateInfo(batches=batches, observed=len(quantizers) - unseen, scales_set=scaled,
                                 unseen=unseen, nodes=len(records))
 
