@@ -16,6 +16,7 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph import targets
 from fxforge.graph.checkpoint import load_checkpoint, save_checkpoint

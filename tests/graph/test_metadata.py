@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import make_agru, make_gpt
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph.metadata import (
     MetaRecord,

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+
 from fxforge.graph import targets
 from fxforge.graph.modules import ScaledDotProductAttention
 from fxforge.graph.targets import CheckpointError

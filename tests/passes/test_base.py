@@ -8,9 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import fxforge
 import pytest
 import torch.nn as nn
+
+import fxforge
 from fxforge import ForgeGraph, passes
 from fxforge.passes.base import PASS_ALIASES, PASS_KINDS, PASSES, forge_pass
 from fxforge.passes.contract import PROPERTIES, NumericalContract, PassInfo

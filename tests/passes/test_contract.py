@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn as nn
+
 from fxforge import ForgeGraph, passes
 from fxforge.passes.base import PASSES, PassError, forge_pass
 from fxforge.passes.contract import (

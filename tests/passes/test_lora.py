@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_gpt, make_tiny_bert
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph.metadata import get_meta
 from fxforge.passes.transform.lora import LoraLinear, LoraRecord, lora_layers
