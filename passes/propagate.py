@@ -23,6 +23,7 @@ from torch.fx.graph import _PyTreeCodeGen
 from ..graph.inputs import ExampleInputs
 from ..graph.ir import classify, module_type_name
 from ..graph.metadata import CommonMeta, NodeMeta, ValueMeta, dtype_from_name, get_meta, has_meta, set_meta
+from .batching import evaluating
 
 __all__ = ["fresh_common", "record_node", "propagate_graph", "derive_nodes", "flat_inputs", "Underivable"]
 
@@ -112,13 +113,8 @@ def propagate_graph(gm: fx.GraphModule, example: ExampleInputs) -> None:
         if not has_meta(node):
             init_node(node, gm)
     flat = flat_inputs(gm, example)
-    was_training = gm.training
-    gm.eval()
-    try:
-        with torch.no_grad():
-            _Recorder(gm).run(*flat)
-    finally:
-        gm.train(was_training)
+    with evaluating(gm):
+        _Recorder(gm).run(*flat)
 
 
 # -- local derivation -------------------------------------------------------------------------------
@@ -210,24 +206,19 @@ def derive_nodes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> list[fx.Node]:
     """
     pending = set(nodes)
     missing: list[fx.Node] = []
-    was_training = gm.training
-    gm.eval()
-    try:
-        with torch.no_grad():
-            for node in gm.graph.nodes:
-                if node not in pending:
-                    continue
-                old = get_meta(node) if has_meta(node) else None
-                before = old.common.to_json()["results"] if old is not None else None
-                init_node(node, gm)
-                if old is not None:
-                    get_meta(node).software, get_meta(node).hardware = old.software, old.hardware
-                if not _derive_one(gm, node):
-                    missing.append(node)
-                if get_meta(node).common.to_json()["results"] != before:
-                    pending.update(node.users)
-    finally:
-        gm.train(was_training)
+    with evaluating(gm):
+        for node in gm.graph.nodes:
+            if node not in pending:
+                continue
+            old = get_meta(node) if has_meta(node) else None
+            before = old.common.to_json()["results"] if old is not None else None
+            init_node(node, gm)
+            if old is not None:
+                get_meta(node).software, get_meta(node).hardware = old.software, old.hardware
+            if not _derive_one(gm, node):
+                missing.append(node)
+            if get_meta(node).common.to_json()["results"] != before:
+                pending.update(node.users)
     return missing
 
 

@@ -69,8 +69,7 @@ def refresh_nodes(gm: fx.GraphModule, nodes: Iterable[fx.Node] | None = None) ->
     with recorded values gets values derived from the nodes' inputs. Software/hardware records stay.
     """
     chosen = list(gm.graph.nodes) if nodes is None else [n for n in nodes if n.graph is gm.graph]
-    others = [n for n in gm.graph.nodes if n not in set(chosen)]
-    if not chosen or not any(has_meta(n) for n in others + chosen):
+    if not chosen or not any(has_meta(n) for n in gm.graph.nodes):
         return
     if has_values(gm):
         derive_nodes(gm, chosen)
@@ -262,7 +261,8 @@ class GraphRewrite:
 
     def finish(self) -> None:
         """Derive metadata of touched nodes, drop unused submodules, lint."""
-        live = {n for n in self.touched if n.graph is self.graph and n in set(self.graph.nodes)}
+        alive = set(self.graph.nodes)
+        live = {n for n in self.touched if n in alive}
         self.graph.lint()
         self.gm.delete_all_unused_submodules()
         refresh_nodes(self.gm, live)

@@ -21,7 +21,7 @@ from ...graph.forge_graph import ForgeGraph
 from ...graph.json_values import jsonable
 from ...graph.metadata import get_meta
 from ..base import forge_pass
-from ..batching import iter_batches, run_batch
+from ..batching import evaluating, iter_batches, run_batch
 from ..contract import NumericalContract, PassInfo
 from ..rewrite import complete_metadata
 from .quantizer import Observer
@@ -77,11 +77,9 @@ def calibrate_transform_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[Fo
         raise ValueError("the graph has no activation quantizers (only weights are quantized): nothing to calibrate")
     for q in quantizers.values():
         q.observer = Observer(args.method, args.percentile, q.channel_axis if q.per_channel else None)
-    was_training = gm.training
-    gm.eval()
     batches = 0
     try:
-        with torch.no_grad():
+        with evaluating(gm):
             for batch in iter_batches(graph, args.data, args.num_batches):
                 run_batch(gm, batch)
                 batches += 1
@@ -115,7 +113,6 @@ def calibrate_transform_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[Fo
     finally:
         for q in quantizers.values():
             q.observer = None
-        gm.train(was_training)
     complete_metadata(gm)  # quantizers that could not run uncalibrated now can: record their values
     return graph, CalibrateInfo(batches=batches, observed=len(quantizers) - unseen, scales_set=scaled,
                                 unseen=unseen, nodes=len(records))

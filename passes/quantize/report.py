@@ -24,7 +24,7 @@ from ...graph.forge_graph import ForgeGraph
 from ...graph.metadata import get_meta
 from ..analysis.table import format_table
 from ..base import forge_pass
-from ..batching import iter_batches
+from ..batching import evaluating, iter_batches
 from ..contract import PassInfo
 from ..metrics import signal_noise_power, sqnr_db
 from ..propagate import flat_inputs
@@ -134,11 +134,9 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
         return hook
 
     hooks = [q.register_forward_hook(count(path)) for path, q in all_quantizers.items()]
-    was_training = gm.training
-    gm.eval()
     batches = 0
     try:
-        with torch.no_grad():
+        with evaluating(gm):
             for batch in iter_batches(graph, args.data, args.num_batches):
                 counting[0] = True
                 quant = _run(gm, graph, batch, set(outputs.values()))
@@ -161,7 +159,6 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
     finally:
         for h in hooks:
             h.remove()
-        gm.train(was_training)
     if batches == 0:
         raise ValueError("report data is empty")
     table = []
