@@ -23,14 +23,7 @@ import torch  # noqa: E402
 
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.graph.metadata import get_meta  # noqa: E402
-
-
-def load_minilm_classifier(num_labels: int = 2) -> torch.nn.Module:
-    """The real pretrained MiniLM-L6 from its PyPI wheel, with a freshly initialised classifier head (quietly)."""
-    from fxforge.models.bert import minilm_for_sequence_classification
-
-    torch.manual_seed(0)
-    return minilm_for_sequence_classification(num_labels)
+from fxforge.models.bert import minilm_for_sequence_classification  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="fxforge-demo", help="where the checkpoint and the HTML report go")
     args = parser.parse_args(argv)
 
-    model = load_minilm_classifier().eval()
+    model = minilm_for_sequence_classification(num_labels=2, seed=0).eval()
     params = sum(p.numel() for p in model.parameters())
     print(f"[1/5] MiniLM classifier: {params / 1e6:.1f}M parameters")
 
@@ -47,12 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     t_capture = time.perf_counter() - t0
     mg, _ = passes.init_metadata_analysis_pass(mg)
     mg, meta_info = passes.add_common_metadata_analysis_pass(mg)
-    print(f"[2/5] captured with the {mg.frontend} frontend in {t_capture:.2f}s: {meta_info['nodes']} nodes")
+    print(f"[2/5] captured with the {mg.frontend} frontend in {t_capture:.2f}s: {meta_info.nodes} nodes")
 
     _, counts = passes.count_op_analysis_pass(mg, {"ops": ["linear", "dropout", "layer_norm", "embedding"]})
     _, report = passes.report_graph_analysis_pass(mg, {"show": False})
     _, trainable = passes.report_trainable_parameters_analysis_pass(mg, {"show": False})
-    print(f"[3/5] ops {counts['counts']}; {trainable['trainable']:,} trainable parameters")
+    print(f"[3/5] ops {counts.counts}; {trainable.trainable:,} trainable parameters")
     from fxforge.passes.analysis.table import format_table, terminal_width
 
     queries = [r for r in report["rows"] if "attention.self.query" in r["target"]][:2]

@@ -7,7 +7,7 @@ from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_
 from .analysis.profile import profile_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
-from .base import PASSES, PassArgsError, PassError, forge_pass, get_pass
+from .base import PASS_ALIASES, PASSES, PassArgsError, PassError, forge_pass, get_pass
 from .compiler import (
     batch_matmuls_transform_pass,
     cse_transform_pass,
@@ -29,6 +29,7 @@ from .contract import (
 from .lora_checkpoint import load_lora_adapters, save_lora_adapters
 from .quantize import (
     calibrate_analysis_pass,
+    calibrate_transform_pass,
     lower_int8_transform_pass,
     quantization_report_analysis_pass,
     quantize_transform_pass,
@@ -41,6 +42,7 @@ from .transform.remove_dropout import remove_dropout_transform_pass
 
 __all__ = [
     "PASSES",
+    "PASS_ALIASES",
     "PassArgsError",
     "PassError",
     "ContractError",
@@ -69,6 +71,7 @@ __all__ = [
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
     "calibrate_analysis_pass",
+    "calibrate_transform_pass",
     "quantization_report_analysis_pass",
     "lower_int8_transform_pass",
     "fuse_kernels_transform_pass",

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+
 from fxforge.graph import targets
 from fxforge.graph.modules import ScaledDotProductAttention
 from fxforge.graph.targets import CheckpointError
@@ -79,6 +80,7 @@ def _custom_scale(x: torch.Tensor, factor: float) -> torch.Tensor:
     return x * factor
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_function_plain_and_decorator_and_conflict() -> None:
     targets.register_function(_custom_scale, name="tests.custom_scale")
     assert targets.resolve_function("tests.custom_scale") is _custom_scale
@@ -93,6 +95,7 @@ def test_register_function_plain_and_decorator_and_conflict() -> None:
         targets.register_function(decorated, name="tests.custom_scale")
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_op_namespace() -> None:
     with pytest.raises(CheckpointError, match="register_op_namespace"):
         targets.resolve_function("torch.ops.quantized.linear.default")
@@ -138,6 +141,7 @@ def test_containers_and_unknown_modules() -> None:
             targets.resolve_module(bad)
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_module_for_a_user_layer() -> None:
     class Scale(nn.Module):
         def __init__(self, n: int) -> None:
@@ -175,6 +179,7 @@ class Pair:
     b: Any
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_user_output_class() -> None:
     pytree.register_pytree_node(Pair, lambda p: ([p.a, p.b], ["a", "b"]), lambda v, c: Pair(**dict(zip(c, v))),
                                 serialized_type_name="tests.Pair")
