@@ -55,7 +55,9 @@ def _check_config(path: str, spec: targets.ModuleSpec, config: Any) -> dict[str,
     if spec.keys is not None and not set(config) <= spec.keys:
         raise CheckpointError(f"module {path!r}: config keys {sorted(set(config) - spec.keys)} are not "
                               f"constructor keys of {spec.name}; allowed: {sorted(spec.keys)}")
-    for key, value in config.items():
+    if spec.keys is None:  # the class's own from_config validates its (nested JSON) config
+        return dict(config)
+    for key, value in config.items():  # constructor keyword arguments: scalars or lists of scalars only
         items = value if isinstance(value, list) else [value]
         if not all(isinstance(v, _CONFIG_SCALARS) for v in items):
             raise CheckpointError(f"module {path!r}: config[{key!r}] must be a scalar or a list of scalars")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._pytree import tree_flatten_spec
 from torch.fx.graph import _PyTreeCodeGen
 
@@ -164,7 +164,9 @@ class _OneNode(fx.Interpreter):
     kernels, quantized weights) or mutates leaks into the graph, and fake tensors never stick."""
 
     def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return copy.deepcopy(self.fetch_attr(str(target)))(*args, **kwargs)
+        with unset_fake_temporarily():  # a real copy: deep-copying real parameters under fake mode fails noisily
+            module = copy.deepcopy(self.fetch_attr(str(target)))
+        return module(*args, **kwargs)
 
 
 def _run_one(gm: fx.GraphModule, node: fx.Node, make: Any) -> tuple[tuple[Any, ...], dict[str, Any], Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 # Set before anything imports triton or transformers: kernels run under the interpreter, no hub.
 os.environ.setdefault("TRITON_INTERPRET", "1")

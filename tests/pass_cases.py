@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from fxforge import ForgeGraph
 from fxforge.passes import PASSES
 

@@ -9,6 +9,7 @@ import sys
 import warnings
 
 import pytest
+
 from fxforge.hub import hub_reachable, reset_probe
 from fxforge.quiet import QUIET_LOGGERS, quiet
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import safetensors.torch
 import torch
 from conftest import make_gpt, rehash_manifest
+
 from fxforge import ForgeGraph
 from fxforge.graph.verify import verify_checkpoint
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn as nn
+
 from fxforge import kernels
 from fxforge.kernels import activation, layernorm
 from fxforge.kernels import afno as afno_mlp

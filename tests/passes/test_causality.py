@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_gpt
+
 from fxforge import ForgeGraph, passes
 from fxforge.passes.analysis.causality import CausalityRecord, describe
 

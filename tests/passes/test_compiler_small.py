@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from conftest import make_agru
+
 from fxforge import ForgeGraph, passes
 from fxforge.passes.compiler.purity import is_pure
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph.ir import classify
 from fxforge.graph.metadata import get_meta

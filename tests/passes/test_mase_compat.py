@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_gpt
+
 from fxforge import ForgeGraph, MaseGraph, passes
 from fxforge.passes import PassArgsError
 from fxforge.passes.quantize.formats import QuantizeConfigError, get_format

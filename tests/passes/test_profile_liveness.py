@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import make_gpt
+
 from fxforge import ForgeGraph, passes
 from fxforge.passes.analysis.liveness import LivenessRecord
 from fxforge.passes.analysis.profile import ProfileRecord

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
+
 from fxforge import ExampleInputs, ForgeGraph
 
 

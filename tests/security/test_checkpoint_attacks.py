@@ -12,9 +12,10 @@ import pytest
 import safetensors.torch
 import torch
 import torch.utils._pytree as pytree
+from security_helpers import edit_json, export_ckpt, fresh_copy, remanifest, rewrite, tiny_graph  # noqa: F401
+
 from fxforge import CheckpointError, ForgeGraph
 from fxforge.graph.atomic import MAX_JSON_DEPTH
-from security_helpers import edit_json, export_ckpt, fresh_copy, remanifest, rewrite, tiny_graph  # noqa: F401
 
 INJECTED = ("x':x}}), self._in_spec)\n__import__('os').system('touch {canary}')\n"
             "def _f(self, x):\n    x, = fx_pytree.tree_flatten_spec(([], {{'x")

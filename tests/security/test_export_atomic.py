@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from security_helpers import tiny_graph
+
 from fxforge import CheckpointError, ForgeGraph, passes
 from fxforge.graph import atomic
 from fxforge.graph.checkpoint import FORMAT
 from fxforge.passes.lora_checkpoint import load_lora_adapters, save_lora_adapters
-from security_helpers import tiny_graph
 
 STEPS = ["tmp_created", "wrote:graph.json", "wrote:weights.safetensors", "wrote:manifest.json", "synced",
          "swapped", "cleaned"]

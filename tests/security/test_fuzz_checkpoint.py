@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fxforge import CheckpointError, ForgeGraph
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from security_helpers import export_ckpt, remanifest  # noqa: F401
+
+from fxforge import CheckpointError, ForgeGraph
 
 EXAMPLES = int(os.environ.get("FXFORGE_FUZZ_EXAMPLES", "100"))
 CANARY = Path(tempfile.gettempdir()) / "fxforge_fuzz_canary"

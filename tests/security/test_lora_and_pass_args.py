@@ -11,10 +11,11 @@ import pytest
 import safetensors.torch
 import torch
 import torch.nn as nn
+from security_helpers import edit_json, fresh_copy, rewrite, tiny_graph
+
 from fxforge import ForgeGraph, passes
 from fxforge.passes.base import PassArgsError
 from fxforge.passes.lora_checkpoint import CONFIG, WEIGHTS, LoraCheckpointError, load_lora_adapters, save_lora_adapters
-from security_helpers import edit_json, fresh_copy, rewrite, tiny_graph
 
 
 @pytest.fixture(scope="module")
