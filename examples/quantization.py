@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -28,10 +27,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+
+from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.data import get_tokenized_dataset, get_trainer  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402
-    calibrate_analysis_pass,
+    calibrate_transform_pass,
     lower_int8_transform_pass,
     quantization_report_analysis_pass,
     quantize_transform_pass,
@@ -112,8 +113,9 @@ def accuracy(model: Any, data: list[dict[str, torch.Tensor]]) -> float:
 
 def finetune(args: argparse.Namespace, ds: Any, tokenizer: Any) -> torch.nn.Module:
     """The fp32 MiniLM IMDb classifier: from the cache, or fine-tuned now and cached."""
-    from fxforge.models.bert import minilm_for_sequence_classification
     from transformers import AutoModelForSequenceClassification
+
+    from fxforge.models.bert import minilm_for_sequence_classification
 
     cache = Path(args.cache_dir) / f"minilm-imdb-{args.train}-{args.length}"
     if (cache / "config.json").is_file():
@@ -147,17 +149,9 @@ def speed(fp32: ForgeGraph, int8: ForgeGraph, rounds: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     x = {"input_ids": torch.randint(1000, 20000, (8, 128), generator=gen),
          "attention_mask": torch.ones(8, 128, dtype=torch.long), "labels": torch.zeros(8, dtype=torch.long)}
-    times: dict[str, list[float]] = {"fp32": [], "int8": []}
     with torch.inference_mode():
-        for g in (fp32, int8):
-            g(**x)
-            g(**x)
-        for _ in range(rounds):
-            for name, g in (("fp32", fp32), ("int8", int8)):
-                start = time.perf_counter()
-                g(**x)
-                times[name].append(time.perf_counter() - start)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        timings = interleaved({"fp32": lambda: fp32(**x), "int8": lambda: int8(**x)}, rounds)
+    med = {k: v * 1e3 for k, v in timings.medians().items()}
     return {"fp32_ms": med["fp32"], "int8_ms": med["int8"], "speedup": med["fp32"] / med["int8"]}
 
 
@@ -212,10 +206,10 @@ def main() -> None:
     for name, cfg in ptq_configs:
         mg, _ = quantize_transform_pass(base.copy(), cfg)
         if cfg is SCALED_INT8:
-            mg, _ = calibrate_analysis_pass(mg, {"data": calib, "method": "minmax"})
+            mg, _ = calibrate_transform_pass(mg, {"data": calib, "method": "minmax"})
         _, rep = quantization_report_analysis_pass(mg, {"data": calib[:2]})
-        record(name, "PTQ", mg, output_sqnr_db=rep["output_sqnr_db"], weight_bits=rep["avg_weight_bits"],
-               activation_bits=rep["avg_activation_bits"])
+        record(name, "PTQ", mg, output_sqnr_db=rep.output_sqnr_db, weight_bits=rep.avg_weight_bits,
+               activation_bits=rep.avg_activation_bits)
     if not args.no_qat:
         for w in args.widths:
             mg, _ = quantize_transform_pass(base.copy(), fixed_point(w))
@@ -230,7 +224,7 @@ def main() -> None:
                                 ("fbgemm, dynamic A", INT8_DYNAMIC, "fbgemm")):
         mg, _ = quantize_transform_pass(base.copy(), cfg)
         if cfg is SCALED_INT8:
-            mg, _ = calibrate_analysis_pass(mg, {"data": calib, "method": "minmax"})
+            mg, _ = calibrate_transform_pass(mg, {"data": calib, "method": "minmax"})
         mg, info = lower_int8_transform_pass(mg, {"backend": backend, "strict": True})
         timings[label] = speed(base, mg, args.rounds)
         record(f"int8 lowered ({label})", "real int8", mg, **timings[label])

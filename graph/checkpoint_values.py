@@ -11,11 +11,35 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .targets import CheckpointError
+from .targets import CheckpointError, is_identifier
 
-IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IDENT = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 _NAMED = {"dtype": torch.dtype, "memory_format": torch.memory_format, "layout": torch.layout}
 Env = dict[tuple[str, str], Any]
+
+
+_PART = re.compile(r"\A[A-Za-z0-9_]+\Z")  # one component of a module/attribute path (digits for Sequential)
+_RESERVED_NODE_NAMES = frozenset({"self"})  # names the generated forward() already binds
+
+
+def check_path(path: Any, where: str) -> list[str]:
+    """The components of a dotted module/attribute path; each must be a plain name (no code, no dunders)."""
+    parts = path.split(".") if isinstance(path, str) else [""]
+    if not all(_PART.fullmatch(p) and not p.startswith("__") and (is_identifier(p) or p.isdigit()) for p in parts):
+        raise CheckpointError(f"{where}: bad module/attribute path {path!r}"[:300])
+    return parts
+
+
+def check_node_name(name: Any, where: str) -> None:
+    """Refuse a node name that is not an identifier, is a keyword, or is bound by the generated forward()."""
+    if not is_identifier(name) or name in _RESERVED_NODE_NAMES:
+        raise CheckpointError(f"{where}: malformed node (names and keywords must be identifiers, not "
+                              f"{sorted(_RESERVED_NODE_NAMES)})")
+
+
+def join(prefix: str, name: str) -> str:
+    """``prefix.name`` (or ``name`` at the root)."""
+    return f"{prefix}.{name}" if prefix else name
 
 
 def encode_value(v: Any, where: str, tensor: Callable[[torch.Tensor], str] | None = None) -> Any:

@@ -7,6 +7,7 @@ on it. The GraphModule is ``mg.model``; node metadata lives on its nodes (graph/
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,15 @@ import torch.nn as nn
 from .capture import Frontend, capture
 from .inputs import ExampleInputs
 from .metadata import NodeMeta, get_meta
+
+# Buffers holding values folded from parameters for inference (fold_constants_transform_pass): the
+# derived "constants folded" flag of a graph. They do not follow the weights if the graph is trained.
+FOLDED_PREFIX = "fxforge_folded_"
+
+
+def folded_buffers(module: nn.Module) -> list[str]:
+    """Names of the root buffers of ``module`` that hold folded constants."""
+    return [name for name, _ in module.named_buffers(recurse=False) if name.startswith(FOLDED_PREFIX)]
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,13 @@ class ForgeGraph:
         return self.model(*args, **kwargs)
 
     def train(self, mode: bool = True) -> ForgeGraph:
+        """Set train/eval mode; warns when constants were folded from weights (training would not update them)."""
+        folded = folded_buffers(self.model) if mode else []
+        if folded:
+            warnings.warn(f"this graph holds {len(folded)} constant(s) folded from weights for inference "
+                          f"({folded[:3]}...): training will not update them and the weights they came from may "
+                          "be gone; re-capture, or use hoist_parameter_subgraphs_transform_pass instead of "
+                          "fold_constants_transform_pass for a graph you train", stacklevel=2)
         self.model.train(mode)
         return self
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -12,12 +13,10 @@ _KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids"
 
 
 def is_hf_model(model: nn.Module) -> bool:
-    """True for transformers' PreTrainedModel instances (imported lazily)."""
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a hard dependency
-        return False
-    return isinstance(model, PreTrainedModel)
+    """True for transformers' PreTrainedModel instances (never imports transformers: a model can only be one
+    if transformers' modeling code is already loaded, and importing it here would load torchao noisily)."""
+    modeling = sys.modules.get("transformers.modeling_utils")
+    return modeling is not None and isinstance(model, modeling.PreTrainedModel)
 
 
 def _label_shape(model: nn.Module, batch: int, seq: int) -> tuple[int, ...]:

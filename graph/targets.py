@@ -10,12 +10,13 @@ quantized linear) is one call: :func:`register_module`, :func:`register_function
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
-import importlib
+import keyword
 import math
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,7 +30,7 @@ from .modules import ScaledDotProductAttention
 F_ = TypeVar("F_", bound=Callable[..., Any])
 M_ = TypeVar("M_", bound=nn.Module)
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 _HOW = (
     "register it with fxforge.graph.targets.{fn}(...) before saving and loading, if you trust it"
 )
@@ -37,6 +38,12 @@ _HOW = (
 
 class CheckpointError(Exception):
     """A checkpoint could not be written or read; the message names the file or target and the fix."""
+
+
+def is_identifier(name: Any) -> bool:
+    """True for a plain ASCII identifier that is not a Python keyword (``\\A...\\Z``: no trailing newline)."""
+    return isinstance(name, str) and _IDENT.fullmatch(name) is not None and not keyword.iskeyword(name) \
+        and not keyword.issoftkeyword(name)
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class ModuleSpec:
     cls: type[nn.Module]
     to_config: Callable[[nn.Module], dict[str, Any]] | None = None
     from_config: Callable[[dict[str, Any]], nn.Module] | None = None
+    keys: frozenset[str] | None = None  # the constructor keys a config may hold (None: from_config's own check)
 
     @property
     def container(self) -> bool:
@@ -63,20 +71,22 @@ _USER_FUNCTIONS: dict[str, Callable[..., Any]] = {}
 _MODULES_BY_NAME: dict[str, ModuleSpec] = {}
 _MODULES_BY_CLASS: dict[type[nn.Module], ModuleSpec] = {}
 _OP_NAMESPACES: set[str] = {"aten", "prims", "fxforge"}
-_DENIED_OPS = frozenset({"from_file", "_nested_from_file"})  # aten ops that read files
-_PYTREE_TYPES: set[str] = {
-    "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict",
-    "collections.defaultdict", "collections.deque", "torch.Size",
-    "torch.fx.immutable_collections.immutable_dict", "torch.fx.immutable_collections.immutable_list",
-}
-_PYTREE_PREFIXES: tuple[str, ...] = ("transformers.",)
+# Output classes (pytree node types) a graph's output structure may name, beyond HF ModelOutputs.
+_PYTREE_TYPES: set[str] = set()
 
-# Tensor methods that leave the tensor world (numpy, storages), install callables or import by name.
-_DENIED_METHODS = frozenset({
-    "apply_", "map_", "map2_", "register_hook", "register_post_accumulate_grad_hook", "retain_grad",
-    "backward", "numpy", "storage", "untyped_storage", "storage_type", "share_memory_", "set_",
-    "record_stream", "module_load", "type", "pin_memory", "cuda", "xpu", "ipu", "mtia",
+# Ops and methods that change state outside the tensors they compute on: autograd flags and tensor
+# metadata of their argument (a parameter's requires_grad, its storage), hooks, files, numpy.
+_STATE_CHANGING = frozenset({
+    "requires_grad_", "resize_", "resize_as_", "as_strided_", "set_", "share_memory_",
+    "retain_grad", "backward", "_backward", "record_stream", "set_data", "_coalesced_", "_fix_weakref",
 })
+_DENIED_OPS = _STATE_CHANGING | {"from_file", "_nested_from_file", "save", "load"}
+# Ops with no tensor in or out that only raise: what torch.export emits for shape checks.
+_ASSERT_OPS = ("_assert", "sym_constrain_range", "_linalg_check_errors")
+_DENIED_METHODS = _STATE_CHANGING | {
+    "apply_", "map_", "map2_", "register_hook", "register_post_accumulate_grad_hook", "numpy", "storage",
+    "untyped_storage", "storage_type", "module_load", "type", "pin_memory", "cuda", "xpu", "ipu", "mtia",
+}
 # Factories take no tensor, so torch.overrides does not list them; torch._assert is what fx emits for asserts.
 _FACTORIES = (
     "arange", "zeros", "ones", "full", "eye", "empty", "empty_strided", "rand", "randn", "randint",
@@ -119,17 +129,20 @@ def register_module(
     from_config: Callable[[dict[str, Any]], M_] | None = None,
     *,
     name: str | None = None,
+    keys: Iterable[str] | None = None,
 ) -> ModuleSpec:
     """Allow module class ``cls`` (exact type, not subclasses) in checkpoints.
 
     ``to_config(module)`` returns the JSON constructor config; ``from_config(config)`` rebuilds the
     module cheaply (it runs on the meta device; weights are loaded afterwards). Give neither for a
-    container built as ``cls()`` whose children and tensors come from the checkpoint.
+    container built as ``cls()`` whose children and tensors come from the checkpoint. ``keys`` lists
+    the constructor keys a config may hold (loading refuses any other, e.g. ``device``/``dtype``).
     """
     if (to_config is None) != (from_config is None):
         raise ValueError("give both to_config and from_config, or neither (a container)")
     key = name or f"{cls.__module__}.{cls.__qualname__}"
-    spec = ModuleSpec(key, cls, to_config, from_config)  # type: ignore[arg-type]
+    spec = ModuleSpec(key, cls, to_config, from_config,  # type: ignore[arg-type]
+                      None if keys is None else frozenset(keys))
     old = _MODULES_BY_NAME.get(key)
     if old is not None and old.cls is not cls:
         raise ValueError(f"module name {key!r} is already registered for {old.cls!r}")
@@ -143,18 +156,6 @@ def register_op_namespace(namespace: str) -> None:
     if not _IDENT.match(namespace):
         raise ValueError(f"bad op namespace {namespace!r}")
     _OP_NAMESPACES.add(namespace)
-
-
-def register_pytree_type(cls_or_name: type | str) -> None:
-    """Allow a pytree node type (already registered with torch.utils._pytree) in output specs."""
-    if isinstance(cls_or_name, str):
-        _PYTREE_TYPES.add(cls_or_name)
-        return
-    entry = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls_or_name)
-    type_name = entry.serialized_type_name if entry is not None else None
-    if not type_name or type_name == pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
-        raise ValueError(f"{cls_or_name!r} has no serialized_type_name: register it with torch's pytree first")
-    _PYTREE_TYPES.add(type_name)
 
 
 # -- functions --------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ def _builtin_functions() -> dict[str, Callable[..., Any]]:
         ids = {id(f) for key in keys for f in overridable.get(key, ())}
         for attr in dir(namespace):
             obj = getattr(namespace, attr, None)
-            if id(obj) in ids and attr not in _DENIED_TORCH and callable(obj):
+            if id(obj) in ids and attr not in _DENIED_TORCH and attr not in _STATE_CHANGING and callable(obj):
                 table[f"{prefix}.{attr}"] = obj
     for attr in _FACTORIES:
         table[f"torch.{attr}"] = getattr(torch, attr)
@@ -225,15 +226,37 @@ def _resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.OpOverloadPacke
             + _HOW.format(fn="register_op_namespace")
         )
     if op in _DENIED_OPS:
-        raise CheckpointError(f"op {name!r} is not allowed in checkpoints")
+        raise CheckpointError(f"op {name!r} is not allowed in checkpoints (it changes state outside the graph)")
     packet = getattr(getattr(torch.ops, namespace), op, None)
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         raise CheckpointError(f"op {name!r} does not exist in this torch build (or its library is not loaded)")
-    if len(parts) == 4:
-        return packet
-    if parts[4] not in packet.overloads():
+    if len(parts) == 5 and parts[4] not in packet.overloads():
         raise CheckpointError(f"op {name!r}: no overload {parts[4]!r} in this torch build")
-    return getattr(packet, parts[4])
+    overloads = [getattr(packet, o) for o in packet.overloads()] if len(parts) == 4 else [getattr(packet, parts[4])]
+    reasons = [_global_effect(o) for o in overloads]  # a packet: refused if any overload is a pure side effect
+    side_effect = next((r for r in reasons if r and "returns nothing" in r), None)
+    reason = side_effect or (reasons[0] if all(reasons) else None)
+    if reason:
+        raise CheckpointError(f"op {name!r} is not allowed in checkpoints: {reason}")
+    return packet if len(parts) == 4 else overloads[0]
+
+
+def _global_effect(op: torch._ops.OpOverload) -> str | None:
+    """Why an op may act on process state rather than compute on tensors (None if it only computes).
+
+    The rule: an op that returns nothing and writes no argument exists only for its side effect
+    (printing, seeding, grad mode, saving, backward...); an op with no tensor in or out acts on
+    global state (RNG generators, plan caches, flags). Assertions, which only raise, are exempt.
+    """
+    schema = op._schema
+    if op._opname.startswith(_ASSERT_OPS):
+        return None
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    if not schema.returns and not writes:
+        return "it returns nothing, so it runs only for a side effect on process state"
+    if not any("Tensor" in str(x.type) for x in (*schema.arguments, *schema.returns)):
+        return "it takes and returns no tensor, so it acts on process state (RNG, flags, caches)"
+    return None
 
 
 def function_name(fn: Any) -> str:
@@ -321,7 +344,7 @@ def _simple(cls: type[nn.Module], *attrs: str, tuples: tuple[str, ...] = ()) -> 
         kw = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in config.items()}
         return cls(**kw)
 
-    register_module(cls, to_config, from_config, name=f"torch.nn.{cls.__name__}")
+    register_module(cls, to_config, from_config, name=f"torch.nn.{cls.__name__}", keys=attrs)
 
 
 _CONV = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias",
@@ -349,46 +372,63 @@ register_module(
     ScaledDotProductAttention,
     lambda m: {"dropout_p": m.dropout_p, "is_causal": m.is_causal, "scale": m.scale, "enable_gqa": m.enable_gqa},
     lambda c: ScaledDotProductAttention(**c),
-    name="fxforge.ScaledDotProductAttention",
+    name="fxforge.ScaledDotProductAttention", keys=("dropout_p", "is_causal", "scale", "enable_gqa"),
 )
 
 
 # -- pytree types -----------------------------------------------------------------------------------
-def check_pytree_type(name: Any) -> None:
-    """Allow a serialized pytree type name, importing ``transformers.*`` modules that define it."""
-    if not isinstance(name, str):
-        raise CheckpointError(f"pytree type {name!r} is not a name")
-    if name not in _PYTREE_TYPES and name != "collections.namedtuple":
-        prefix = next((p for p in _PYTREE_PREFIXES if name.startswith(p)), None)
-        module_name = name.rsplit(".", 1)[0]
-        if prefix is None or not module_name.startswith(prefix) \
-                or not all(_IDENT.match(p) for p in name.split(".")):
-            raise CheckpointError(f"pytree type {name!r} is not in the checkpoint allowlist; "
-                                  + _HOW.format(fn="register_pytree_type"))
-        if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-            try:
-                importlib.import_module(module_name)
-            except ImportError as exc:
-                raise CheckpointError(f"pytree type {name!r}: cannot import {module_name}: {exc}") from exc
-    if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-        raise CheckpointError(f"pytree type {name!r} is not registered with torch.utils._pytree")
+def register_pytree_type(cls_or_name: type | str) -> None:
+    """Allow an output class (already registered with torch.utils._pytree, flattened to its field values
+    with the field names as context, as HF ModelOutputs are) in a graph's output structure."""
+    if isinstance(cls_or_name, str):
+        if not all(_IDENT.fullmatch(p) for p in cls_or_name.split(".")):
+            raise ValueError(f"bad pytree type name {cls_or_name!r}")
+        _PYTREE_TYPES.add(cls_or_name)
+        return
+    entry = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls_or_name)
+    type_name = entry.serialized_type_name if entry is not None else None
+    if not type_name or type_name == pytree.NO_SERIALIZED_TYPE_NAME_FOUND or not dataclasses.is_dataclass(cls_or_name):
+        raise ValueError(f"{cls_or_name!r} must be a dataclass registered with torch's pytree (with a "
+                         "serialized_type_name) to be an output class")
+    _PYTREE_TYPES.add(type_name)
 
 
-def check_treespec_json(spec: Any) -> None:
-    """Walk a ``treespec_dumps`` payload and check every node type (and namedtuple context) name."""
-    if isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], int):
-        spec = spec[1]
-    stack = [spec]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, dict):
-            raise CheckpointError("malformed pytree spec")
-        type_name = node.get("type")
-        if type_name is not None:
-            check_pytree_type(type_name)
-            if type_name == "collections.namedtuple":
-                context = node.get("context")
-                if context not in _PYTREE_TYPES:
-                    raise CheckpointError(f"namedtuple {context!r} is not in the checkpoint allowlist; "
-                                          + _HOW.format(fn="register_pytree_type"))
-        stack.extend(node.get("children_spec") or [])
+def _is_hf_output(cls: type) -> bool:
+    return dataclasses.is_dataclass(cls) and any(
+        c.__name__ == "ModelOutput" and c.__module__.startswith("transformers.") for c in cls.__mro__)
+
+
+def output_class_name(cls: type) -> str | None:
+    """The checkpoint name of an allowed output class (an HF ModelOutput or a registered one), else None."""
+    entry = pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
+    name = entry.serialized_type_name if entry is not None else None
+    if not name or pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name) is not cls:
+        return None
+    return name if name in _PYTREE_TYPES or _is_hf_output(cls) else None
+
+
+@functools.cache
+def _register_hf_outputs() -> None:
+    """Import transformers' own output module (a fixed name fxforge chooses, never a checkpoint's)."""
+    try:
+        import transformers.modeling_outputs  # noqa: F401
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+
+
+def resolve_output_class(name: Any, keys: list[str]) -> type:
+    """The output class a checkpoint names, looked up among classes already registered with torch's
+    pytree (nothing named by the checkpoint is imported); its fields must include ``keys``."""
+    if not isinstance(name, str) or not all(_IDENT.fullmatch(p) for p in name.split(".")):
+        raise CheckpointError(f"pytree type {name!r} is not a class name")
+    if name not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE and name.startswith("transformers."):
+        _register_hf_outputs()
+    cls = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
+    if cls is None or output_class_name(cls) != name:
+        raise CheckpointError(f"pytree type {name!r} is not in the checkpoint allowlist (an HF ModelOutput or "
+                              "a class registered with fxforge.graph.targets.register_pytree_type, already "
+                              "imported)")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if not set(keys) <= fields:
+        raise CheckpointError(f"pytree type {name!r} has no field(s) {sorted(set(keys) - fields)}")
+    return cls

@@ -12,14 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    BertConfig,
-    BertForSequenceClassification,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+
+from ..hub import hub_reachable
+from ..quiet import quiet
+
+with quiet():  # transformers' model code imports torchao, which logs missing CUDA libraries
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        BertConfig,
+        BertForSequenceClassification,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+    )
 
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"minilm", "all-minilm-l6-v2", MINILM_NAME.lower()}
@@ -65,16 +70,23 @@ def tiny_bert(
     return BertForSequenceClassification(config)
 
 
-def minilm_for_sequence_classification(num_labels: int = 2) -> PreTrainedModel:
-    """Pretrained MiniLM encoder from the offline package plus a new, randomly initialised classifier head."""
+def minilm_for_sequence_classification(num_labels: int = 2, seed: int | None = None) -> PreTrainedModel:
+    """Pretrained MiniLM encoder from the offline package plus a new, randomly initialised classifier head.
+
+    ``seed``: seed the global RNG first, so every call gets the same head (comparisons between runs).
+    """
     if num_labels < 1:
         raise ValueError(f"num_labels must be >= 1, got {num_labels}")
-    return AutoModelForSequenceClassification.from_pretrained(str(minilm_path()), num_labels=num_labels)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with quiet():  # the fresh head's "MISSING" load report is expected, not news
+        return AutoModelForSequenceClassification.from_pretrained(str(minilm_path()), num_labels=num_labels)
 
 
 def minilm_tokenizer() -> PreTrainedTokenizerBase:
     """MiniLM's (BERT uncased WordPiece) tokenizer from the offline package."""
-    return AutoTokenizer.from_pretrained(str(minilm_path()))
+    with quiet():
+        return AutoTokenizer.from_pretrained(str(minilm_path()))
 
 
 def _is_minilm(checkpoint: str) -> bool:
@@ -86,7 +98,9 @@ def load_sequence_classifier(checkpoint: str = MINILM_NAME, num_labels: int = 2)
     if _is_minilm(checkpoint):
         return minilm_for_sequence_classification(num_labels)
     try:
-        return AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=num_labels)
+        with quiet():
+            return AutoModelForSequenceClassification.from_pretrained(
+                checkpoint, num_labels=num_labels, local_files_only=not hub_reachable())
     except (OSError, ValueError) as exc:
         print(f"[fxforge] could not load model {checkpoint!r} ({type(exc).__name__}); "
               f"falling back to the offline MiniLM package ({MINILM_NAME}).")
@@ -98,7 +112,8 @@ def load_tokenizer(checkpoint: str = MINILM_NAME) -> PreTrainedTokenizerBase:
     if _is_minilm(checkpoint):
         return minilm_tokenizer()
     try:
-        return AutoTokenizer.from_pretrained(checkpoint)
+        with quiet():
+            return AutoTokenizer.from_pretrained(checkpoint, local_files_only=not hub_reachable())
     except (OSError, ValueError) as exc:
         print(f"[fxforge] could not load tokenizer {checkpoint!r} ({type(exc).__name__}); "
               f"falling back to the offline MiniLM tokenizer ({MINILM_NAME}).")

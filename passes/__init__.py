@@ -1,10 +1,22 @@
 """Every fxforge pass by name: ``from fxforge import passes; passes.count_op_analysis_pass(mg)``."""
 
+from .analysis.causality import causality_analysis_pass
 from .analysis.count_op import count_op_analysis_pass
+from .analysis.liveness import liveness_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
+from .analysis.profile import profile_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
-from .base import PASSES, PassArgsError, PassError, forge_pass, get_pass
+from .base import PASS_ALIASES, PASSES, PassArgsError, PassError, forge_pass, get_pass
+from .compiler import (
+    batch_matmuls_transform_pass,
+    cse_transform_pass,
+    dce_transform_pass,
+    fold_constants_transform_pass,
+    fuse_elementwise_transform_pass,
+    hoist_parameter_subgraphs_transform_pass,
+    optimize_graph_pipeline,
+)
 from .contract import (
     ContractError,
     EmptyInfo,
@@ -14,19 +26,24 @@ from .contract import (
     holds,
     register_property,
 )
+from .lora_checkpoint import load_lora_adapters, save_lora_adapters
 from .prune import prune_transform_pass, shrink_transform_pass
 from .quantize import (
     calibrate_analysis_pass,
+    calibrate_transform_pass,
     lower_int8_transform_pass,
     quantization_report_analysis_pass,
     quantize_transform_pass,
 )
+from .transform.afno_real import afno_real_arithmetic_transform_pass
 from .transform.freeze import freeze_transform_pass, unfreeze_transform_pass
+from .transform.fuse_kernels import fuse_kernels_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
 from .transform.remove_dropout import remove_dropout_transform_pass
 
 __all__ = [
     "PASSES",
+    "PASS_ALIASES",
     "PassArgsError",
     "PassError",
     "ContractError",
@@ -37,7 +54,10 @@ __all__ = [
     "holds",
     "register_property",
     "add_common_metadata_analysis_pass",
+    "causality_analysis_pass",
     "count_op_analysis_pass",
+    "liveness_analysis_pass",
+    "profile_analysis_pass",
     "forge_pass",
     "get_pass",
     "init_metadata_analysis_pass",
@@ -47,11 +67,23 @@ __all__ = [
     "freeze_transform_pass",
     "unfreeze_transform_pass",
     "insert_lora_adapter_transform_pass",
+    "save_lora_adapters",
+    "load_lora_adapters",
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
     "calibrate_analysis_pass",
+    "calibrate_transform_pass",
     "quantization_report_analysis_pass",
     "lower_int8_transform_pass",
     "prune_transform_pass",
     "shrink_transform_pass",
+    "fuse_kernels_transform_pass",
+    "afno_real_arithmetic_transform_pass",
+    "cse_transform_pass",
+    "dce_transform_pass",
+    "hoist_parameter_subgraphs_transform_pass",
+    "fold_constants_transform_pass",
+    "batch_matmuls_transform_pass",
+    "fuse_elementwise_transform_pass",
+    "optimize_graph_pipeline",
 ]

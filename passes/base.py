@@ -13,14 +13,15 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import torch
 import torch.nn as nn
+import torch.utils.data
 
 from ..graph.forge_graph import ForgeGraph, PassRecord
-from .contract import NumericalContract, PassSpec, check_declared, holds, jsonable, requirement_errors
+from .contract import NumericalContract, PassInfo, PassSpec, check_declared, holds, jsonable, requirement_errors
 
 PassKind = Literal["analysis", "transform"]
 PASS_KINDS: tuple[str, ...] = ("analysis", "transform")
@@ -43,6 +44,7 @@ A = TypeVar("A")
 PassFn = Callable[..., tuple[Any, Any]]
 
 PASSES: dict[str, PassFn] = {}
+PASS_ALIASES: dict[str, str] = {}  # old public name -> registered name (same pass, listed once in PASSES)
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -84,15 +86,79 @@ def _coerce(value: Any, hint: Any) -> Any:
     return value
 
 
+_DATA_NAMES = frozenset({"data", "batches", "baseline", "dataset", "train_data", "eval_data", "example_inputs"})
+_RANGES: dict[str, tuple[int, int]] = {"num_batches": (1, 2**31 - 1)}  # by field name, unless metadata says
+_INT_LIMIT = 2**63  # no pass argument needs an integer beyond int64
+
+
+def _is_data(field: dataclasses.Field[Any], value: Any) -> bool:
+    """Data (batches, iterables, loaders, tensors, modules) is passed by reference, never deep-copied.
+
+    A field is data when its metadata says so (``field(metadata={"data": True})``), when its name is one
+    of the conventional data names, or when the value itself is a tensor, module, iterator or data loader.
+    """
+    if field.metadata.get("data") or field.name in _DATA_NAMES:
+        return True
+    if isinstance(value, torch.Tensor | nn.Module | Iterator | torch.utils.data.DataLoader | torch.utils.data.Dataset):
+        return True
+    return isinstance(value, Iterable) and not isinstance(value, str | bytes | list | tuple | dict | set | frozenset)
+
+
+def _check_range(pass_name: str, field: dataclasses.Field[Any], value: Any) -> None:
+    """Integers within the field's declared range (metadata ``range=(lo, hi)`` or the name's convention)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return
+    lo, hi = field.metadata.get("range", _RANGES.get(field.name, (-_INT_LIMIT, _INT_LIMIT - 1)))
+    if not lo <= value <= hi:
+        shown = value if abs(value) < 10**12 else f"{value:.3g}"
+        raise PassArgsError(f"{pass_name}: pass_args[{field.name!r}] = {shown} is out of range: "
+                            f"it must be in [{lo}, {hi}]")
+
+
+def _mase_keys(pass_name: str, args_type: type, pass_args: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Rename MASE's pass keys (``MASE_ALIASES`` on the args class) and refuse ``MASE_REFUSED`` ones with the reason."""
+    aliases: dict[str, str] = getattr(args_type, "MASE_ALIASES", {})
+    refused: dict[str, str] = getattr(args_type, "MASE_REFUSED", {})
+    for key in pass_args:
+        if key in refused:
+            raise PassArgsError(f"{pass_name}: MASE key {key!r} is not used by fxforge: {refused[key]}")
+    if not any(k in aliases for k in pass_args):
+        return pass_args
+    out = dict(pass_args)
+    for mase, ours in aliases.items():
+        if mase in out:
+            if ours in out:
+                raise PassArgsError(f"{pass_name}: give {ours!r} or MASE's {mase!r}, not both")
+            out[ours] = out.pop(mase)
+    return out
+
+
 def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] | None) -> A:
-    """Validate ``pass_args`` against the dataclass ``args_type`` and build a fresh instance."""
+    """Validate ``pass_args`` against the dataclass ``args_type`` and build a fresh instance.
+
+    Configuration values are deep-copied (the caller's dict is never shared or mutated); data values
+    are passed by reference (see :func:`_is_data`). Every problem is a PassArgsError naming the key.
+    An args type with a ``from_pass_args(mapping)`` classmethod parses free-form configs itself (e.g.
+    MASE's quantization config keyed by op names); its ValueError becomes a PassArgsError.
+    """
     if pass_args is None:
         pass_args = {}
     if isinstance(pass_args, args_type):
         return pass_args
+    parse = getattr(args_type, "from_pass_args", None)
+    if parse is not None:
+        try:
+            return parse(pass_args)
+        except (TypeError, ValueError) as exc:
+            raise PassArgsError(f"{pass_name}: {exc}") from None
     if not isinstance(pass_args, Mapping):
         raise PassArgsError(f"{pass_name}: pass_args must be a dict or None, got {type(pass_args).__name__}")
     fields = {f.name: f for f in dataclasses.fields(args_type)}  # type: ignore[arg-type]
+    bad_keys = [k for k in pass_args if not isinstance(k, str)]
+    if bad_keys:
+        raise PassArgsError(f"{pass_name}: pass_args key {bad_keys[0]!r} ({type(bad_keys[0]).__name__}) is not a "
+                            f"string; allowed keys: {sorted(fields)}")
+    pass_args = _mase_keys(pass_name, args_type, pass_args)
     unknown = sorted(set(pass_args) - set(fields))
     if unknown:
         raise PassArgsError(f"{pass_name}: unknown pass_args key(s) {unknown}; allowed keys: {sorted(fields)}")
@@ -102,9 +168,18 @@ def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] 
         value = _coerce(value, hints[key])
         if not _type_ok(value, hints[key]):
             raise PassArgsError(
-                f"{pass_name}: pass_args[{key!r}] = {value!r} does not match the expected type {hints[key]}"
+                f"{pass_name}: pass_args[{key!r}] = {value!r} does not match the expected type {hints[key]}"[:400]
             )
-        kwargs[key] = value if isinstance(value, torch.Tensor | nn.Module) else copy.deepcopy(value)
+        _check_range(pass_name, fields[key], value)
+        if _is_data(fields[key], value):
+            kwargs[key] = value
+            continue
+        try:
+            kwargs[key] = copy.deepcopy(value)
+        except Exception as exc:
+            raise PassArgsError(f"{pass_name}: pass_args[{key!r}] ({type(value).__name__}) cannot be copied as "
+                                f"configuration ({type(exc).__name__}: {exc}); pass plain values, or data "
+                                "(batches, iterables, loaders) in a data field") from None
     try:
         return args_type(**kwargs)
     except (TypeError, ValueError) as exc:
@@ -120,13 +195,14 @@ def forge_pass(
     kind: PassKind,
     args_type: type[Any] = NoArgs,
     *,
-    info: type[Any] | None = None,
+    info: type[PassInfo] | None = None,
     requires: Iterable[str] = (),
     forbids: Iterable[str] = (),
     ensures: Iterable[str] = (),
     invalidates: Iterable[str] = (),
     contract: NumericalContract | None = None,
     accepts_module: bool = False,
+    aliases: Iterable[str] = (),
 ):
     """Decorator turning ``fn(graph, args: args_type) -> (graph, info)`` into a registered pass.
 
@@ -135,18 +211,23 @@ def forge_pass(
     those it makes true (checked after), ``invalidates`` those it may make false; pipelines check a
     whole order against these before running. ``contract`` is a transform's numerical promise.
     ``accepts_module`` lets an analysis pass also take a bare nn.Module (MASE calls some on ``mg.model``).
+    ``aliases``: former public names that :func:`get_pass` still resolves to this pass.
     """
     if kind not in PASS_KINDS:
         raise ValueError(f"pass kind must be one of {PASS_KINDS}, got {kind!r}")
+    if not (isinstance(info, type) and issubclass(info, PassInfo)):
+        raise ValueError(f"info= must be the pass's frozen PassInfo subclass (passes/contract.py), got {info!r}")
     if contract is not None and kind != "transform":
         raise ValueError("only transform passes declare a numerical contract")
 
     def wrap(fn: Callable[[Any, Any], tuple[Any, Any]]) -> PassFn:
         name = fn.__name__
-        if name in PASSES:
-            raise ValueError(f"a pass named {name!r} is already registered")
+        names = (name, *aliases)
+        taken = [n for n in names if n in PASSES or n in PASS_ALIASES]
+        if taken:
+            raise ValueError(f"a pass named {taken[0]!r} is already registered")
         spec = PassSpec(
-            name=name, kind=kind, args_type=args_type, info_type=info if info is not None else object,
+            name=name, kind=kind, args_type=args_type, info_type=info,
             requires=check_declared(requires, name), forbids=check_declared(forbids, name),
             ensures=check_declared(ensures, name), invalidates=check_declared(invalidates, name),
             contract=contract,
@@ -154,10 +235,10 @@ def forge_pass(
 
         @functools.wraps(fn)
         def run(graph: Any, pass_args: Any = None) -> tuple[Any, Any]:
+            args = build_args(name, args_type, pass_args)  # bad arguments are reported first
             is_graph = isinstance(graph, ForgeGraph)
             if not is_graph and not (accepts_module and isinstance(graph, nn.Module)):
                 raise TypeError(f"{name}: expected a ForgeGraph, got {type(graph).__name__}")
-            args = build_args(name, args_type, pass_args)
             if is_graph:
                 errors = requirement_errors(spec, lambda p: holds(p, graph), PASSES)
                 if errors:
@@ -170,7 +251,7 @@ def forge_pass(
                 raise
             except Exception as exc:
                 raise PassError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
-            if info is not None and not isinstance(result, info):
+            if not isinstance(result, info):
                 raise PassError(f"{name} returned info of type {type(result).__name__}, declared {info.__name__}")
             if is_graph:
                 broken = [p for p in spec.ensures if not holds(p, out)]
@@ -184,13 +265,22 @@ def forge_pass(
         run.args_type = args_type  # type: ignore[attr-defined]
         run.spec = spec  # type: ignore[attr-defined]
         PASSES[name] = run
+        PASS_ALIASES.update(dict.fromkeys(aliases, name))
         return run
 
     return wrap
 
 
 def get_pass(name: str) -> PassFn:
-    """A registered pass by name; KeyError listing the registered ones."""
+    """A registered pass by name (or former name); KeyError listing the registered ones."""
+    name = PASS_ALIASES.get(name, name)
     if name not in PASSES:
         raise KeyError(f"no pass named {name!r}; registered: {sorted(PASSES)}")
     return PASSES[name]
+
+
+def unregister_pass(name: str) -> None:
+    """Remove a pass and its aliases from the registry (tests registering scratch passes clean up with it)."""
+    PASSES.pop(name, None)
+    for alias in [a for a, target in PASS_ALIASES.items() if target == name]:
+        del PASS_ALIASES[alias]

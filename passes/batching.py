@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,7 +18,7 @@ from ..graph.inputs import ExampleInputs
 if TYPE_CHECKING:
     from ..graph.forge_graph import ForgeGraph
 
-__all__ = ["iter_batches", "run_batch"]
+__all__ = ["iter_batches", "run_batch", "evaluating"]
 
 
 def iter_batches(graph: ForgeGraph, data: Any, num_batches: int | None) -> Iterator[Any]:
@@ -34,6 +35,18 @@ def iter_batches(graph: ForgeGraph, data: Any, num_batches: int | None) -> Itera
         raise TypeError(f"data must be a batch or an iterable of batches, got {type(data).__name__}")
     it = iter(batches)
     return itertools.islice(it, num_batches) if num_batches is not None else it
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode without grad for the block (dropout off, deterministic); the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
 
 
 def run_batch(model: Any, batch: Any) -> Any:

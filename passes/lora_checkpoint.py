@@ -16,9 +16,8 @@ matching. Everything is checked before the graph is touched. No pickle, no ``tor
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,17 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 
+from ..graph.atomic import MANIFEST, dumps_json, loads_json, read_verified, write_checkpoint_dir
 from ..graph.forge_graph import ForgeGraph
 from ..graph.targets import CheckpointError
 from .transform.lora import LoraLinear, check_lora_hparams, insert_lora_adapter_transform_pass, lora_layers
 
+__all__ = ["CONFIG", "MANIFEST", "WEIGHTS", "LoraCheckpointError", "load_lora_adapters", "save_lora_adapters"]
+
 FORMAT = "fxforge-lora-adapter"
 SCHEMA_VERSION = 1
-CONFIG, WEIGHTS, MANIFEST = "adapter_config.json", "adapter_weights.safetensors", "manifest.json"
+CONFIG, WEIGHTS = "adapter_config.json", "adapter_weights.safetensors"
+MAX_ALPHA = 1e6  # scaling = alpha / rank; beyond this an adapter is an attack or a bug, not a model
 _LAYER_KEYS = ("name", "in_features", "out_features", "bias", "rank", "alpha", "dropout", "init", "base_sha256")
 
 
@@ -56,10 +59,6 @@ def base_fingerprint(module: nn.Linear, skip: frozenset[str] = frozenset()) -> s
 def _saved_base(layer: str, extras: list[str]) -> frozenset[str]:
     """Base tensors of ``layer`` stored as trained extras (e.g. a trained bias): not part of the fingerprint."""
     return frozenset(a for a in ("weight", "bias") if f"{layer}.base.{a}" in extras)
-
-
-def _sha(data: bytes) -> dict[str, Any]:
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
 def save_lora_adapters(graph: ForgeGraph, path: str | Path, include_trainable: bool = True) -> Path:
@@ -88,54 +87,27 @@ def save_lora_adapters(graph: ForgeGraph, path: str | Path, include_trainable: b
                         "init": m.init, "base_sha256": base_fingerprint(m.base, _saved_base(name, extras))})
     config = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "layers": entries, "extras": extras,
               "history": [r.to_json() for r in graph.history]}
-    files = {CONFIG: json.dumps(config, indent=1, sort_keys=True).encode(),
-             WEIGHTS: safetensors.torch.save(tensors, metadata={"format": "pt"})}
-    manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "files": {k: _sha(v) for k, v in files.items()}}
-    files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    for fname, data in files.items():  # write-then-rename so a crash never leaves a half-written file
-        with tempfile.NamedTemporaryFile(dir=root, prefix=f".{fname}.", delete=False) as tmp:
-            tmp.write(data)
-        Path(tmp.name).replace(root / fname)
-    return root
+    files = {CONFIG: dumps_json(config, CONFIG), WEIGHTS: safetensors.torch.save(tensors, metadata={"format": "pt"})}
+    return write_checkpoint_dir(path, files, FORMAT, SCHEMA_VERSION)  # atomic: old or new, never a mix
 
 
 def _read(root: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Verify the manifest, then parse the config and weights (nothing is parsed before its hash matches)."""
-    mpath = root / MANIFEST
-    if not mpath.is_file():
-        raise LoraCheckpointError(f"{mpath}: missing; {root} is not an fxforge LoRA adapter checkpoint")
     try:
-        manifest = json.loads(mpath.read_bytes())
-        listed = manifest["files"]
-        if manifest.get("format") != FORMAT or not isinstance(listed, dict):
-            raise ValueError("not an fxforge LoRA adapter manifest")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise LoraCheckpointError(f"{mpath}: unreadable manifest ({exc})") from None
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise LoraCheckpointError(f"{mpath}: schema version {manifest.get('schema_version')!r} is not supported "
-                                  f"(this fxforge reads {SCHEMA_VERSION})")
-    if set(listed) != {CONFIG, WEIGHTS}:
-        raise LoraCheckpointError(f"{mpath}: must list exactly {[CONFIG, WEIGHTS]}, lists {sorted(listed)}")
-    payloads: dict[str, bytes] = {}
-    for fname in (CONFIG, WEIGHTS):
-        fpath = root / fname
-        if not fpath.is_file():
-            raise LoraCheckpointError(f"{fpath}: missing (listed in {MANIFEST})")
-        data = fpath.read_bytes()
-        if not isinstance(listed[fname], dict) or _sha(data) != {k: listed[fname].get(k) for k in ("sha256", "size")}:
-            raise LoraCheckpointError(f"{fpath}: size/SHA-256 does not match {MANIFEST}; the file is corrupt or "
-                                      "was modified after saving")
-        payloads[fname] = data
-    try:
-        config = json.loads(payloads[CONFIG])
-    except ValueError as exc:
-        raise LoraCheckpointError(f"{root / CONFIG}: invalid JSON ({exc})") from None
+        payloads, _ = read_verified(root, FORMAT, (SCHEMA_VERSION,), (CONFIG, WEIGHTS))
+        config = loads_json(payloads[CONFIG], str(root / CONFIG))
+    except LoraCheckpointError:
+        raise
+    except CheckpointError as exc:
+        raise LoraCheckpointError(str(exc)) from None
     try:
         weights = safetensors.torch.load(payloads[WEIGHTS])
     except Exception as exc:
         raise LoraCheckpointError(f"{root / WEIGHTS}: unreadable safetensors file ({exc})") from None
+    bad = [k for k, t in weights.items() if not (t.is_floating_point() or t.is_complex()) or not bool(
+        torch.isfinite(t).all())]
+    if bad:
+        raise LoraCheckpointError(f"{root / WEIGHTS}: tensors {sorted(bad)[:5]} are not finite floating-point values")
     return config, weights
 
 
@@ -147,14 +119,28 @@ def _check_config(config: Any, where: Path) -> tuple[list[dict[str, Any]], list[
     if not isinstance(layers, list) or not layers or not isinstance(extras, list) \
             or not all(isinstance(e, str) for e in extras):
         raise LoraCheckpointError(f"{where}: 'layers' must be a non-empty list and 'extras' a list of names")
+    seen: set[str] = set()
     for entry in layers:
         if not isinstance(entry, Mapping) or sorted(entry) != sorted(_LAYER_KEYS) \
-                or not isinstance(entry["name"], str):
-            raise LoraCheckpointError(f"{where}: each layer needs exactly the keys {list(_LAYER_KEYS)}")
+                or not isinstance(entry["name"], str) or not isinstance(entry["base_sha256"], str) \
+                or not all(type(entry[k]) is int and entry[k] > 0 for k in ("in_features", "out_features")) \
+                or type(entry["bias"]) is not bool:
+            raise LoraCheckpointError(f"{where}: each layer needs exactly the keys {list(_LAYER_KEYS)} (positive int "
+                                      "in/out_features, bool bias, str name and base_sha256)")
+        name = entry["name"]
+        if name in seen:
+            raise LoraCheckpointError(f"{where}: layer {name!r} is listed twice")
+        seen.add(name)
         try:
             check_lora_hparams(entry["rank"], entry["alpha"], entry["dropout"], entry["init"])
         except ValueError as exc:
-            raise LoraCheckpointError(f"{where}: layer {entry['name']!r}: {exc}") from None
+            raise LoraCheckpointError(f"{where}: layer {name!r}: {exc}") from None
+        if entry["rank"] > min(entry["in_features"], entry["out_features"]):
+            raise LoraCheckpointError(f"{where}: layer {name!r}: rank {entry['rank']} exceeds the layer's smaller "
+                                      f"dimension {min(entry['in_features'], entry['out_features'])}")
+        if not math.isfinite(entry["alpha"]) or entry["alpha"] > MAX_ALPHA:
+            raise LoraCheckpointError(f"{where}: layer {name!r}: alpha {entry['alpha']!r} is outside "
+                                      f"(0, {MAX_ALPHA:g}]")
     return layers, extras
 
 

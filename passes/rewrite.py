@@ -38,11 +38,11 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ..graph.metadata import has_meta
-from .propagate import Underivable, derive_nodes, has_values, init_node
+from .propagate import derive_nodes, has_values, incomplete_nodes, init_node
 from .select import select_nodes
 
-__all__ = ["Builder", "GraphRewrite", "Injection", "NoMatchError", "describe_candidates", "inject_modules",
-           "refresh_nodes", "set_module", "swap_module"]
+__all__ = ["Builder", "GraphRewrite", "Injection", "NoMatchError", "complete_metadata", "describe_candidates",
+           "inject_modules", "param_users", "refresh_nodes", "set_module", "swap_module"]
 
 Builder = Callable[[str, nn.Module], nn.Module | None]
 CallOp = Literal["call_module", "call_function", "call_method"]
@@ -69,20 +69,23 @@ def refresh_nodes(gm: fx.GraphModule, nodes: Iterable[fx.Node] | None = None) ->
     with recorded values gets values derived from the nodes' inputs. Software/hardware records stay.
     """
     chosen = list(gm.graph.nodes) if nodes is None else [n for n in nodes if n.graph is gm.graph]
-    others = [n for n in gm.graph.nodes if n not in set(chosen)]
-    if not chosen or not any(has_meta(n) for n in others + chosen):
+    if not chosen or not any(has_meta(n) for n in gm.graph.nodes):
         return
     if has_values(gm):
-        try:
-            derive_nodes(gm, chosen)
-            return
-        except Underivable:
-            pass
+        derive_nodes(gm, chosen)
+        return
     for node in chosen:
         software = node.meta["fxforge"].software if has_meta(node) else None
         init_node(node, gm)
         if software is not None:
             node.meta["fxforge"].software = software
+
+
+def complete_metadata(gm: fx.GraphModule) -> None:
+    """Re-derive the nodes whose values are missing, after a state change that lets them run (e.g.
+    calibration fixing the scales an uncalibrated quantizer refused to run without)."""
+    if has_values(gm):
+        derive_nodes(gm, incomplete_nodes(gm))
 
 
 def param_users(gm: fx.GraphModule) -> list[fx.Node]:
@@ -258,7 +261,8 @@ class GraphRewrite:
 
     def finish(self) -> None:
         """Derive metadata of touched nodes, drop unused submodules, lint."""
-        live = {n for n in self.touched if n.graph is self.graph and n in set(self.graph.nodes)}
+        alive = set(self.graph.nodes)
+        live = {n for n in self.touched if n in alive}
         self.graph.lint()
         self.gm.delete_all_unused_submodules()
         refresh_nodes(self.gm, live)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from fxforge import ForgeGraph
 from fxforge.passes import PASSES
 
@@ -53,6 +54,9 @@ CASES: dict[str, PassCase] = {
     "calibrate_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8,)),
     "quantization_report_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8, _CALIBRATE)),
     "lower_int8_transform_pass": PassCase(_none, (_QUANTIZE_INT8, _CALIBRATE)),
+    "causality_analysis_pass": PassCase(lambda d: {"jacobian_len": 4, "positions": [3]}),
+    "profile_analysis_pass": PassCase(lambda d: {"runs": 1}, (("init_metadata_analysis_pass", _none),)),
+    "liveness_analysis_pass": PassCase(_none, (("init_metadata_analysis_pass", _none),)),
 }
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import datasets
+import numpy as np
 import pytest
 import torch
+
 from fxforge.data import (
-    TokenizedSplit,
+    cache_dir,
     get_tokenized_dataset,
     get_trainer,
     load_reviews,
@@ -59,13 +62,51 @@ def test_get_tokenized_dataset_offline(capsys: pytest.CaptureFixture[str]) -> No
     assert {"input_ids", "attention_mask", "labels"} <= set(item)
     assert len(item["input_ids"]) <= 24 and item["input_ids"][0] == tok.cls_token_id
     assert item["labels"] in (0, 1)
-    assert isinstance(ds["test"], TokenizedSplit) and "text" in ds["test"].column_names
+    assert isinstance(ds, datasets.DatasetDict) and isinstance(ds["test"], datasets.Dataset)
+    assert ds["train"].column_names == ["labels", "input_ids", "token_type_ids", "attention_mask"]
+    assert ds["train"].features["labels"].names == ["neg", "pos"]
     only = get_tokenized_dataset("rotten_tomatoes", checkpoint="minilm", limit=4)
     assert len(only["train"]) == len(only["test"]) == 4
     with pytest.raises(ValueError, match="limit"):
         get_tokenized_dataset("imdb", limit=0)
     with pytest.raises(ValueError, match="unknown dataset"):
         get_tokenized_dataset("mnist")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FXFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "fxforge-cache"))
+
+
+def test_full_imdb_split_as_datasets_is_cached_and_matches_the_reviews(imdb: dict[str, list]) -> None:
+    ds, tok = get_tokenized_dataset("imdb", checkpoint="minilm", max_length=16, return_tokenizer=True)
+    assert (len(ds["train"]), len(ds["test"])) == (19_797, 5_107)
+    for split in ("train", "test"):
+        assert ds[split]["labels"] == [r.label for r in imdb[split]]  # same deterministic order
+        for i in (0, len(imdb[split]) - 1):
+            assert ds[split][i]["input_ids"] == tok(imdb[split][i].text, truncation=True, max_length=16)["input_ids"]
+    again = get_tokenized_dataset("imdb", checkpoint="minilm", max_length=16)
+    files = [f["filename"] for f in again["train"].cache_files]
+    assert files and all(Path(f).is_relative_to(cache_dir()) for f in files)  # memory-mapped from the Arrow cache
+    assert again["test"]["labels"] == ds["test"]["labels"]
+
+
+def test_out_of_vocabulary_tokenizer_fails_before_training(tmp_path: Path) -> None:
+    ds, tok = get_tokenized_dataset("imdb", checkpoint="minilm", return_tokenizer=True, max_length=16, limit=8)
+    small = tiny_bert(vocab_size=1000)
+    with pytest.raises(ValueError, match=r"tokenizer has 30522 tokens.*embedding has only 1000 rows"):
+        get_trainer(small, ds, tok, output_dir=str(tmp_path), max_steps=1)
+
+
+def _check_accuracy(trainer: object, ds: dict) -> None:
+    """eval_accuracy is the share of test labels the model's own predictions get right (the metric is
+    wired to predictions and labels, not a constant in [0, 1])."""
+    metrics = trainer.evaluate()  # type: ignore[attr-defined]
+    pred = trainer.predict(ds["test"])  # type: ignore[attr-defined]
+    logits = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
+    expected = float((np.asarray(logits).argmax(-1) == np.asarray(pred.label_ids)).mean())
+    assert len(pred.label_ids) == len(ds["test"]) and "eval_loss" in metrics
+    assert metrics["eval_accuracy"] == pytest.approx(expected)
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +123,12 @@ def test_get_trainer_runs_a_step_on_tiny_bert(tiny_data: tuple[dict, object], tm
     out = trainer.train()
     assert out.global_step == 1
     assert not torch.equal(before, model.classifier.weight)
-    metrics = trainer.evaluate()
-    assert 0.0 <= metrics["eval_accuracy"] <= 1.0 and "eval_loss" in metrics
+    _check_accuracy(trainer, ds)
 
 
 def test_get_trainer_runs_a_step_on_an_exported_graph(tiny_data: tuple[dict, object], tmp_path: Path) -> None:
     ds, tok = tiny_data
-    model = tiny_bert()
+    model = tiny_bert().eval()  # export bakes the mode in: train-mode dropout would make predictions random
     kwargs = {"input_ids": torch.randint(0, 1000, (4, 16)), "attention_mask": torch.ones(4, 16, dtype=torch.long),
               "labels": torch.zeros(4, dtype=torch.long)}
     gm = torch.export.export(model, (), kwargs).module()
@@ -100,7 +140,7 @@ def test_get_trainer_runs_a_step_on_an_exported_graph(tiny_data: tuple[dict, obj
     assert trainer.args.per_device_train_batch_size == 4  # taken from the captured static shape
     assert trainer.train().global_step == 1
     assert not torch.equal(before, params[name])
-    assert 0.0 <= trainer.evaluate()["eval_accuracy"] <= 1.0
+    _check_accuracy(trainer, ds)
     with pytest.raises(ValueError, match="specialised to batch 4"):
         get_trainer(gm, ds, tok, output_dir=str(tmp_path), per_device_train_batch_size=8)
 
@@ -117,7 +157,7 @@ def test_get_trainer_trains_a_forge_graph(tiny_data: tuple[dict, object], tmp_pa
     assert trainer.args.dataloader_drop_last is False  # dynamic shapes: ragged batches are fine
     assert trainer.train().global_step == 2
     assert not torch.equal(before, head)
-    assert 0.0 <= trainer.evaluate()["eval_accuracy"] <= 1.0
+    _check_accuracy(trainer, ds)
 
 
 def test_get_trainer_validates(tiny_data: tuple[dict, object], tmp_path: Path) -> None:

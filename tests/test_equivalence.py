@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
+
 from fxforge import ForgeGraph
 from fxforge.graph.guards import ShapeGuardError
 

@@ -7,7 +7,7 @@ metadata for the nodes a transform creates).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.inputs import ExampleInputs
@@ -45,6 +45,8 @@ class CommonMetadataArgs:
     graph's example inputs (HF models get them built from hf_input_names at capture)."""
 
     dummy_in: Any = None
+    MASE_REFUSED: ClassVar[dict[str, str]] = {
+        "add_value": "fxforge metadata records shapes, dtypes and precisions, never tensor values; drop the key"}
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,11 @@ class QuantizeConfig:
             rules.append((key, cls._entry(entry, key)))
         return cls(by=by, default=default, rules=tuple(rules))
 
+    @classmethod
+    def from_pass_args(cls, pass_args: Any) -> QuantizeConfig:
+        """The pass decorator's hook: parse the free-form MASE config (errors become PassArgsError)."""
+        return cls.from_dict(pass_args)
+
     @staticmethod
     def _entry(entry: Any, key: str) -> OpQuantConfig | None:
         if not isinstance(entry, Mapping) or set(entry) != {"config"}:
@@ -191,8 +196,9 @@ class QuantizeConfig:
         for key, cfg in self.rules:
             if self.by == "type":
                 hit = key == op or (key == "fft" and op in FFT_OPS)
-            else:
-                hit = matches_by(self.by, key, name, module, op)
+            else:  # by name: a module path (or dotted suffix) or the fx node name MASE users know
+                hit = matches_by(self.by, key, name, module, op) or \
+                    (self.by == "name" and key == name.replace(".", "_"))
             if hit:
                 return key, cfg
         return None, self.default

@@ -201,8 +201,22 @@ FORMATS: dict[str, FormatDef] = {
 }
 
 
+# MASE's format names: aliases where fxforge's format means the same, refusals (with the reason) where not.
+MASE_FORMAT_ALIASES: dict[str, str] = {"minifloat_ieee": "minifloat"}
+MASE_FORMAT_REFUSED: dict[str, str] = {
+    "minifloat_denorm": "use 'minifloat' (special 'ieee' keeps denormals; see its 'special' choices)",
+    "log": "fxforge has no logarithmic format", "block_log": "fxforge has no logarithmic format",
+    "block_minifloat": "use 'mxfp' (shared E8M0 scale per block, minifloat elements)",
+    "binary": "fxforge has no binary format", "ternary": "fxforge has no ternary format",
+}
+
+
 def get_format(name: Any) -> FormatDef:
-    """The format called ``name``; QuantizeConfigError listing the known ones otherwise."""
+    """The format called ``name`` (MASE names accepted where they mean the same); QuantizeConfigError otherwise."""
+    if isinstance(name, str) and name in MASE_FORMAT_REFUSED:
+        raise QuantizeConfigError(f"MASE format {name!r} is not supported: {MASE_FORMAT_REFUSED[name]}; "
+                                  f"allowed: {sorted(FORMATS)}")
+    name = MASE_FORMAT_ALIASES.get(name, name) if isinstance(name, str) else name
     fmt = FORMATS.get(name) if isinstance(name, str) else None
     if fmt is None:
         raise QuantizeConfigError(f"unknown quantization format {name!r}; allowed: {sorted(FORMATS)}")

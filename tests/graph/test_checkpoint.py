@@ -16,13 +16,15 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph import targets
 from fxforge.graph.checkpoint import load_checkpoint, save_checkpoint
 from fxforge.graph.metadata import get_meta, has_meta
 from fxforge.graph.targets import CheckpointError
 
-FILES = {"graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors", "manifest.json"}
+FILES = {"graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors", "manifest.json",
+         "reference_outputs.safetensors"}  # eval-mode graphs with example inputs record their outputs
 
 
 class ConvNet(nn.Module):
@@ -351,7 +353,7 @@ def test_unknown_module_class_in_checkpoint(ckpt_saved: Path, cls: str) -> None:
 
 def test_pytree_output_type_outside_the_allowlist(ckpt_bert: ForgeGraph, tmp_path: Path) -> None:
     path = ckpt_bert.export(tmp_path / "bert")
-    _edit_graph(path, lambda g: g["codegen"]["out_spec"][1].update({"type": "os.PathLike"}))
+    _edit_graph(path, lambda g: g["codegen"]["out_spec"].update({"output": "os.PathLike"}))
     with pytest.raises(CheckpointError, match="graph.json: pytree type 'os.PathLike' is not in the checkpoint"):
         ForgeGraph.from_checkpoint(path)
 
@@ -384,6 +386,7 @@ class WithCustom(nn.Module):
         return self.custom(x) + 1
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_unregistered_module_refused_at_export_then_registered(tmp_path: Path) -> None:
     x = torch.randn(2, 4)
     mg = ForgeGraph(WithCustom(), example_inputs=(x,), frontend="fx", leaf_modules=[Custom])

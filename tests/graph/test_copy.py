@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_tiny_bert
+from pass_cases import registered, run_case
+
 from fxforge import ForgeGraph
 from fxforge.graph.metadata import get_meta, has_meta
 from fxforge.passes import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from fxforge.passes.quantize import QuantizationRecord, quantize_transform_pass
 from fxforge.passes.transform.lora import insert_lora_adapter_transform_pass
-from pass_cases import registered, run_case
 
 DATA = [bert_inputs(labels=False, batch=2, seq=9)]
 

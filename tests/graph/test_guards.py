@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import bert_inputs, make_agru, make_tiny_bert
+
 from fxforge import ForgeGraph
 from fxforge.graph.guards import GUARD_NODE, ShapeGuardError
 

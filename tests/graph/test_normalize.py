@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+
 from fxforge import ForgeGraph
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import operator
-from collections import namedtuple
+import sys
 from typing import Any
 
 import pytest
@@ -12,9 +13,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+
 from fxforge.graph import targets
 from fxforge.graph.modules import ScaledDotProductAttention
 from fxforge.graph.targets import CheckpointError
+from fxforge.graph.treespec import decode_spec, encode_spec
 
 
 @pytest.mark.parametrize("fn", [
@@ -77,6 +80,7 @@ def _custom_scale(x: torch.Tensor, factor: float) -> torch.Tensor:
     return x * factor
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_function_plain_and_decorator_and_conflict() -> None:
     targets.register_function(_custom_scale, name="tests.custom_scale")
     assert targets.resolve_function("tests.custom_scale") is _custom_scale
@@ -91,6 +95,7 @@ def test_register_function_plain_and_decorator_and_conflict() -> None:
         targets.register_function(decorated, name="tests.custom_scale")
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_op_namespace() -> None:
     with pytest.raises(CheckpointError, match="register_op_namespace"):
         targets.resolve_function("torch.ops.quantized.linear.default")
@@ -136,6 +141,7 @@ def test_containers_and_unknown_modules() -> None:
             targets.resolve_module(bad)
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_module_for_a_user_layer() -> None:
     class Scale(nn.Module):
         def __init__(self, n: int) -> None:
@@ -148,29 +154,57 @@ def test_register_module_for_a_user_layer() -> None:
         targets.register_module(Scale, lambda m: {})
 
 
-@pytest.mark.parametrize("name", ["builtins.tuple", "builtins.dict", "collections.OrderedDict",
-                                  "transformers.modeling_outputs.SequenceClassifierOutput"])
-def test_pytree_types_allowed(name: str) -> None:
-    targets.check_pytree_type(name)
-    assert name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+def test_hf_output_classes_resolve_without_importing_by_name() -> None:
+    import transformers.modeling_outputs as mo
+
+    name = "transformers.modeling_outputs.SequenceClassifierOutput"
+    assert targets.resolve_output_class(name, ["loss", "logits"]) is mo.SequenceClassifierOutput
+    with pytest.raises(CheckpointError, match="no field"):
+        targets.resolve_output_class(name, ["loss", "nope"])
 
 
 @pytest.mark.parametrize("name", ["os.system", "subprocess.Popen", "transformers_evil.X", "transformers.no_such.X",
-                                  "transformers.modeling_outputs.NoSuchOutput", "transformers.a b.X", 7])
-def test_pytree_types_refused(name: Any) -> None:
+                                  "transformers.modeling_outputs.NoSuchOutput", "transformers.a b.X", 7,
+                                  "builtins.dict", "collections.defaultdict", "collections.OrderedDict"])
+def test_output_classes_refused(name: Any) -> None:
+    before = set(sys.modules)
     with pytest.raises(CheckpointError, match="pytree type"):
-        targets.check_pytree_type(name)
+        targets.resolve_output_class(name, [])
+    assert not {m for m in set(sys.modules) - before if "no_such" in m or "evil" in m}
 
 
-Pair = namedtuple("Pair", "a b")
+@dataclasses.dataclass
+class Pair:
+    a: Any
+    b: Any
 
 
-def test_user_namedtuple_pytree_type() -> None:
-    pytree._register_namedtuple(Pair, serialized_type_name="tests.Pair")
-    spec = json.loads(pytree.treespec_dumps(pytree.tree_structure(Pair(1, 2))))
-    with pytest.raises(CheckpointError, match="namedtuple 'tests.Pair'"):
-        targets.check_treespec_json(spec)
+@pytest.mark.usefixtures("restore_registries")
+def test_user_output_class() -> None:
+    pytree.register_pytree_node(Pair, lambda p: ([p.a, p.b], ["a", "b"]), lambda v, c: Pair(**dict(zip(c, v))),
+                                serialized_type_name="tests.Pair")
+    spec = pytree.tree_structure(Pair(1, 2))
+    with pytest.raises(CheckpointError, match="not an allowed output class"):
+        encode_spec(spec, "out")
     targets.register_pytree_type(Pair)
-    targets.check_treespec_json(spec)
+    assert decode_spec(encode_spec(spec, "out"), "out") == spec
     with pytest.raises(ValueError, match="serialized_type_name"):
         targets.register_pytree_type(set)
+
+
+@pytest.mark.parametrize("name", ["torch.ops.aten.set_grad_enabled.default", "torch.ops.aten.manual_seed.default",
+                                  "torch.ops.aten.manual_seed", "torch.ops.aten._print.default",
+                                  "torch.ops.aten.warn.default", "torch.ops.aten.seed.default", "torch.ops.aten.seed",
+                                  "torch.ops.aten.backward.default", "torch.ops.aten.requires_grad_.default",
+                                  "torch.ops.aten._cufft_set_plan_cache_max_size.default",
+                                  "torch.Tensor.requires_grad_", "torch.Tensor.resize_"])
+def test_process_state_ops_are_not_in_the_allowlist(name: str) -> None:
+    with pytest.raises(CheckpointError, match="not allowed|not in the checkpoint allowlist|process state|generator"):
+        targets.resolve_function(name)
+
+
+@pytest.mark.parametrize("name", ["torch.ops.aten.add.Tensor", "torch.ops.aten._assert_scalar.default",
+                                  "torch.ops.aten.sym_constrain_range_for_size.default", "torch.ops.aten.add_.Tensor",
+                                  "torch.ops.aten.add", "torch.ops.aten.rand.default"])
+def test_tensor_ops_and_assertions_stay_allowed(name: str) -> None:
+    assert targets.resolve_function(name) is not None

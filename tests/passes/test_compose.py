@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import bert_inputs, make_tiny_bert
+from pass_cases import FIXED_LINEAR, case, registered, run_case
+
 from fxforge import ForgeGraph
 from fxforge.graph.ir import classify, module_type_name
 from fxforge.graph.metadata import get_meta, has_meta
@@ -16,7 +18,6 @@ from fxforge.passes.transform.lora import (
     fuse_lora_weights_transform_pass,
     insert_lora_adapter_transform_pass,
 )
-from pass_cases import FIXED_LINEAR, case, registered, run_case
 
 DATA = [bert_inputs(labels=False, batch=2, seq=9)]
 EXACT = {"remove_dropout_transform_pass", "freeze_transform_pass", "unfreeze_transform_pass",

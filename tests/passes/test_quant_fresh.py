@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from conftest import bert_inputs, make_tiny_bert
+
 from fxforge import ForgeGraph
 from fxforge.passes.quantize import QuantizedLinear, quantize_transform_pass
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_gpt, make_tiny_bert
+
 from fxforge import ForgeGraph
 from fxforge.graph.metadata import get_meta
 from fxforge.passes.base import PassArgsError, PassError
@@ -69,7 +70,7 @@ def test_mase_config_by_type_on_bert(bert_graph: ForgeGraph) -> None:
     assert rec.quantizers["weight"] == "bert.encoder.layer.0.attention.self.query.weight_quantizer"
     assert get_meta(node).common.module_type.endswith("QuantizedLinear")
     assert mg.history[-1].name == "quantize_transform_pass"
-    with pytest.raises(PassError, match="already quantized"):
+    with pytest.raises(PassError, match="quantize_transform_pass: cannot run on a graph where 'quantized' holds"):
         quantize_transform_pass(mg, cfg)
 
 
@@ -143,7 +144,7 @@ def test_calibration_sets_scales_and_metadata(bert_graph: ForgeGraph) -> None:
                                                "weight_granularity": "per_channel"}}}
     mg, _ = quantize_transform_pass(bert_graph.copy(), cfg)
     inputs = bert_inputs()
-    with pytest.raises(RuntimeError, match="not calibrated: run calibrate_analysis_pass"):
+    with pytest.raises(RuntimeError, match="not calibrated: run calibrate_transform_pass"):
         _logits(mg, inputs)
     data = [bert_inputs(batch=4, seq=9), bert_inputs(batch=2, seq=13)]
     mg, info = calibrate_analysis_pass(mg, {"data": data, "method": "minmax"})

@@ -1,0 +1,65 @@
+"""The ``fxforge`` command line (typer): inspect, run, search, report, verify, draw.
+
+``main()`` is the console script: any failure is one line on stderr and exit code 1 (usage errors: 2),
+with the traceback only under ``--debug`` (accepted anywhere on the command line).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+import click
+import typer
+
+from .errors import one_line
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="fxforge",
+    help="Capture PyTorch models into a torch.fx IR, run pass pipelines and searches, export, verify and report.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks of failures.")) -> None:
+    """fxforge: graph capture, passes, search, pickle-free checkpoints."""
+
+
+def _register() -> None:
+    from . import checkpoint_cmds, commands  # noqa: F401 - importing registers the commands on ``app``
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI on ``argv`` (default: sys.argv) and return the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        _register()
+        result = app(args=args, prog_name="fxforge", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        print("fxforge: aborted", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("fxforge: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's job is to turn any failure into one line
+        if debug:
+            traceback.print_exc()
+        print(f"fxforge: error: {one_line(exc)}", file=sys.stderr)
+        return 1

@@ -1,0 +1,66 @@
+"""CLI commands on an exported checkpoint: ``verify``, ``draw`` and ``report``."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import app
+from .errors import CliError
+
+Ckpt = Annotated[Path, typer.Argument(help="An fxforge checkpoint directory.")]
+
+
+def _checkpoint(path: Path) -> Path:
+    if not path.exists():
+        raise CliError(f"{path}: no such checkpoint directory")
+    return path
+
+
+@app.command()
+def verify(ckpt: Ckpt) -> None:
+    """Check manifest hashes, the target allowlist, reload, a run on the example inputs, and recorded outputs."""
+    from ..graph.verify import verify_checkpoint
+
+    report, _ = verify_checkpoint(_checkpoint(ckpt))
+    typer.echo(report.text())
+    if not report.ok:
+        failed = next(c for c in report.checks if c.status == "failed")
+        raise CliError(f"{ckpt}: verification failed at {failed.name}: {failed.detail}")
+
+
+@app.command()
+def draw(ckpt: Ckpt, out: Annotated[Path, typer.Option("-o", "--out", help="SVG file to write.")]) -> None:
+    """Write an SVG drawing of the checkpoint's graph."""
+    from ..graph.forge_graph import ForgeGraph
+
+    path = ForgeGraph.from_checkpoint(_checkpoint(ckpt)).draw(out)
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+def report(
+    ckpt: Ckpt,
+    out: Annotated[Path, typer.Option("-o", "--out", help="HTML file to write.")],
+    search: Annotated[Path | None, typer.Option(help="Search results JSON (fxforge search --results) to plot.")]
+    = None,
+) -> None:
+    """Write one self-contained HTML report: drawing, node table, pass history, quantization, search plots."""
+    from ..graph.forge_graph import ForgeGraph
+    from ..report import write_report
+    from .inspect_cmd import ensure_metadata
+
+    results = None
+    if search is not None:
+        try:
+            results = json.loads(search.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise CliError(f"{search}: no such search results file") from None
+        except json.JSONDecodeError as exc:
+            raise CliError(f"{search}: not a JSON file ({exc})") from None
+        if not isinstance(results, dict):
+            raise CliError(f"{search}: expected a JSON object as written by `fxforge search --results`")
+    mg = ensure_metadata(ForgeGraph.from_checkpoint(_checkpoint(ckpt)))
+    path = write_report(mg, out, title=f"fxforge report: {ckpt.name}", search_results=results)
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")

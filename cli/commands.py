@@ -1,0 +1,105 @@
+"""CLI commands that start from a model or a config: ``inspect``, ``run`` (pipelines) and ``search``.
+
+``run`` and ``search`` plug into fxforge.pipelines / fxforge.search: when this build lacks them the
+command exits 1 saying so, instead of pretending to work.
+"""
+
+import importlib
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .app import app
+from .errors import CliError
+
+MaybeInt = Annotated[int | None, typer.Option(help="Override [search] n_trials.")]
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file as a dict; CliError naming the file for a missing file or a syntax error."""
+    if not path.is_file():
+        raise CliError(f"{path}: no such file")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise CliError(f"{path}: invalid TOML ({exc})") from None
+
+
+def _feature(module: str, attr: str, what: str) -> Any:
+    """``module.attr`` when this build has it; CliError saying the feature is not available otherwise."""
+    try:
+        found = getattr(importlib.import_module(module), attr, None)
+    except ImportError:
+        found = None
+    if found is None:
+        raise CliError(f"{what} are not available in this build")
+    return found
+
+
+@app.command()
+def inspect(
+    model: Annotated[str, typer.Argument(help="Zoo name (minilm, tiny-bert, gpt, gpt-afno, agru), a HuggingFace "
+                                              "model directory, a hub name, or an fxforge checkpoint directory.")],
+    all_nodes: Annotated[bool, typer.Option("--all", help="Show every node, not the first 40.")] = False,
+) -> None:
+    """Capture MODEL (or reload a checkpoint) and print its nodes, ops, parameters and metadata."""
+    from .inspect_cmd import ensure_metadata, summary
+    from .resolve import load_graph
+
+    mg, source = load_graph(model)
+    typer.echo(summary(ensure_metadata(mg), source, None if all_nodes else 40))
+
+
+@app.command()
+def run(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline TOML file.")],
+    model: Annotated[str, typer.Argument(help="Model to capture (as for inspect).")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Checkpoint directory to export.")],
+) -> None:
+    """Run the pipeline PIPELINE.toml on MODEL and export the result as a checkpoint."""
+    _read_toml(pipeline)
+    pipeline_cls = _feature("fxforge.pipelines", "Pipeline", "pipelines")
+    from .resolve import load_graph
+
+    pipe = pipeline_cls.from_toml(pipeline)
+    mg, source = load_graph(model)
+    typer.echo(f"running {pipeline} on {source}")
+    graph, report = pipe(mg)
+    path = graph.export(out)
+    typer.echo(str(report))
+    typer.echo(f"exported {path}")
+
+
+@app.command()
+def search(
+    config: Annotated[str, typer.Argument(metavar="CONFIG.toml|worker",
+                                          help="A search config TOML, or `worker` to join a shared study.")],
+    storage: Annotated[str | None, typer.Option(help="Study storage, e.g. postgresql://user@host/db.")] = None,
+    study: Annotated[str | None, typer.Option(help="Study name (required for a worker).")] = None,
+    n_trials: MaybeInt = None,
+    results: Annotated[Path | None, typer.Option(help="Write the results JSON here (for `fxforge report "
+                                                      "--search`).")] = None,
+) -> None:
+    """Run the search CONFIG.toml describes (resumable), or join a study as a worker: `search worker --storage`."""
+    overrides: dict[str, Any] = {k: v for k, v in (("storage", storage), ("n_trials", n_trials)) if v is not None}
+    if config == "worker":
+        if storage is None or study is None:
+            raise CliError("a worker needs --storage postgresql://… (or sqlite:///…) and --study NAME")
+        worker = _feature("fxforge.search", "worker", "searches")
+        overrides.pop("storage")
+        result = worker(study, storage, **overrides)
+    else:
+        doc = _read_toml(Path(config))
+        from_config = _feature("fxforge.search", "search_from_config", "searches")
+        if study is not None:
+            overrides["study_name"] = study
+        result = from_config(doc, **overrides).run()
+    typer.echo(result.table())
+    if results is not None:
+        result.to_json(results)
+        typer.echo(f"results written to {results}")
+
+

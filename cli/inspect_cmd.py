@@ -1,0 +1,55 @@
+"""``fxforge inspect MODEL``: capture (or reload) a model and print what the IR holds.
+
+Prints where the model came from, the frontend, node counts by kind and by op, parameters, the pass
+history and capture notes, then the per-node table (kind, op, shapes, dtypes) cut to the terminal width.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .. import passes
+from ..graph.forge_graph import ForgeGraph
+from ..graph.metadata import has_meta
+from ..passes.analysis.table import format_table, terminal_width
+
+__all__ = ["ensure_metadata", "summary"]
+
+
+def ensure_metadata(mg: ForgeGraph) -> ForgeGraph:
+    """Run the metadata passes unless every node already carries metadata (e.g. a reloaded checkpoint)."""
+    if all(has_meta(n) for n in mg.nodes):
+        return mg
+    mg, _ = passes.init_metadata_analysis_pass(mg)
+    if mg.example_inputs is not None:
+        mg, _ = passes.add_common_metadata_analysis_pass(mg)
+    return mg
+
+
+def summary(mg: ForgeGraph, source: str, max_nodes: int | None = 40) -> str:
+    """A few lines about the graph, then the node table (``max_nodes=None``: every node)."""
+    history = ", ".join(p.name for p in mg.history) or "(none)"
+    _, report = passes.report_graph_analysis_pass(mg, {"show": False})
+    rows = report["rows"]
+    kinds = Counter(r["kind"] for r in rows)
+    ops = Counter(r["op"] for r in rows if r["kind"] not in ("placeholder", "output", "get_attr"))
+    params = list(mg.model.parameters())
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    inputs = [n.name for n in mg.nodes if n.op == "placeholder"]
+    width = terminal_width()
+    lines = [
+        f"model:      {source}",
+        f"frontend:   {mg.frontend}; {len(rows)} nodes; inputs {inputs}",
+        f"parameters: {total:,} ({trainable:,} trainable)",
+        "kinds:      " + ", ".join(f"{k} {v}" for k, v in kinds.most_common()),
+        "top ops:    " + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)),
+        f"passes:     {history}",
+    ]
+    lines += [f"note:       {note}" for note in mg.capture_notes]
+    shown = rows if max_nodes is None else rows[:max_nodes]
+    columns = ["node", "kind", "op", "in_shapes", "out_shapes", "out_dtype"]
+    lines += ["", *format_table(shown, columns, max_width=width).splitlines()]
+    if len(shown) < len(rows):
+        lines.append(f"... {len(rows) - len(shown)} more nodes (--all shows every node)")
+    return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in lines)

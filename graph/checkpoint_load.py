@@ -1,0 +1,301 @@
+"""Loading a checkpoint directory written by :func:`fxforge.graph.checkpoint.save_checkpoint`.
+
+Every string in it is hostile: files are read through :mod:`.atomic` (manifest first, no symlinks,
+sizes before bytes, bounded JSON), names are strict identifiers, call targets, module classes and
+output classes resolve only through the allowlist in :mod:`.targets` (nothing is imported), configured
+modules are built on the meta device from allowlisted constructor keys, and every weight must have the
+shape and dtype its module declares. The generated ``forward`` only ever sees checked identifiers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import safetensors.torch
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+
+from . import targets
+from .atomic import loads_json, read_verified
+from .checkpoint_values import Env, check_node_name, check_path, decode_value, join
+from .inputs import ExampleInputs
+from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
+from .metadata import NodeMeta, set_meta
+from .targets import CheckpointError, is_identifier
+from .treespec import decode_spec, translate_v1_spec
+
+if TYPE_CHECKING:
+    from .forge_graph import ForgeGraph
+
+FORMAT = "fxforge-checkpoint"
+CHECKPOINT_SCHEMA_VERSION = 2  # 2: pytree structure in fxforge's schema (1: torch treespec JSON, translated)
+READABLE_VERSIONS = (1, 2)
+GRAPH, METADATA, WEIGHTS, INPUTS = "graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors"
+OUTPUTS = "reference_outputs.safetensors"  # optional: graph/reference_outputs, checked by `fxforge verify`
+DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS, OUTPUTS)
+_CONFIG_SCALARS = (bool, int, float, str, type(None))
+
+
+def _parse(root: Path, name: str, payloads: dict[str, bytes]) -> Any:
+    """A verified file parsed as JSON or safetensors (never pickle); errors name the file."""
+    try:
+        if name.endswith(".json"):
+            return loads_json(payloads[name], str(root / name))
+        return safetensors.torch.load(payloads[name]) if name in payloads else {}
+    except Exception as exc:
+        raise CheckpointError(f"{root / name}: unreadable file ({type(exc).__name__}: {exc})") from None
+
+
+def _check_config(path: str, spec: targets.ModuleSpec, config: Any) -> dict[str, Any]:
+    if not isinstance(config, dict):
+        raise CheckpointError(f"module {path!r}: config must be a JSON object")
+    if spec.keys is not None and not set(config) <= spec.keys:
+        raise CheckpointError(f"module {path!r}: config keys {sorted(set(config) - spec.keys)} are not "
+                              f"constructor keys of {spec.name}; allowed: {sorted(spec.keys)}")
+    if spec.keys is None:  # the class's own from_config validates its (nested JSON) config
+        return dict(config)
+    for key, value in config.items():  # constructor keyword arguments: scalars or lists of scalars only
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, _CONFIG_SCALARS) for v in items):
+            raise CheckpointError(f"module {path!r}: config[{key!r}] must be a scalar or a list of scalars")
+    return dict(config)
+
+
+def _build_modules(gm: fx.GraphModule, doc: dict[str, Any]) -> set[int]:
+    """Rebuild the module tree from allowlisted classes; configured modules on the meta device.
+
+    Returns the ids of every module built from a config (their tensors are declared by the config).
+    """
+    configured: set[int] = set()
+    for entry in doc["modules"]:
+        path = entry["path"]
+        *parents, leaf = check_path(path, "module tree")
+        parent = gm.get_submodule(".".join(parents))
+        if parent is not gm and not targets.module_spec_for(parent).container:
+            raise CheckpointError(f"module {path!r}: its parent is not a container")
+        if hasattr(parent, leaf) and leaf not in parent._modules:
+            raise CheckpointError(f"module {path!r}: clashes with an attribute of its parent")
+        spec = targets.resolve_module(entry["class"])
+        if spec.from_config is None:
+            module = spec.cls()
+        else:
+            config = _check_config(path, spec, entry.get("config"))
+            with torch.device("meta"):
+                module = spec.from_config(config)
+            configured.update(id(m) for m in module.modules())
+        if type(module) is not spec.cls:
+            raise CheckpointError(f"module {path!r}: {spec.name} built a {type(module).__name__}")
+        parent.add_module(leaf, module)
+    for alias, target in doc["module_aliases"].items():
+        *parents, leaf = check_path(alias, "module aliases")
+        gm.get_submodule(".".join(parents)).add_module(leaf, gm.get_submodule(".".join(check_path(target, alias))))
+    return configured
+
+
+def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, torch.Tensor], wpath: Path,
+                    configured: set[int]) -> None:
+    """Attach parameters, buffers and constants, re-tying aliases; every stored tensor must be used, and a
+    configured module's tensors must have the shape and dtype its config built."""
+    made: dict[str, torch.Tensor] = {}
+    for e in doc["tensors"]:
+        name, kind, alias = e["name"], e["kind"], e.get("alias_of")
+        *parents, attr = check_path(name, "tensors")
+        owner = gm.get_submodule(".".join(parents))
+        if alias is not None and alias not in made:
+            raise CheckpointError(f"tensor {name!r} is an alias of unknown tensor {alias!r}")
+        if alias is None and name not in weights:
+            raise CheckpointError(f"{wpath}: tensor {name!r} is missing")
+        value = made[alias] if alias is not None else weights[name]
+        declared = getattr(owner, attr, None) if attr in (*owner._parameters, *owner._buffers) else None
+        if id(owner) in configured:
+            if not isinstance(declared, torch.Tensor):
+                raise CheckpointError(f"tensor {name!r}: module {type(owner).__name__} built from its config has "
+                                      f"no {kind} {attr!r}")
+            if (tuple(declared.shape), declared.dtype) != (tuple(value.shape), value.dtype):
+                raise CheckpointError(f"{wpath}: tensor {name!r} is {tuple(value.shape)} {value.dtype}, its module "
+                                      f"declares {tuple(declared.shape)} {declared.dtype}")
+        if kind == "parameter":
+            if not isinstance(value, nn.Parameter):
+                value = nn.Parameter(value, requires_grad=bool(e.get("requires_grad", True)))
+            owner.register_parameter(attr, value)
+        elif kind == "buffer":
+            owner.register_buffer(attr, value, persistent=bool(e.get("persistent", True)))
+        elif kind == "constant" and id(owner) not in configured and not any(
+                attr in d for d in (owner._parameters, owner._buffers, owner._modules)) \
+                and isinstance(getattr(owner, attr, value), torch.Tensor):
+            setattr(owner, attr, value)
+        else:
+            raise CheckpointError(f"tensor {name!r}: bad kind {kind!r} or it clashes with an attribute")
+        made[name] = value
+    unused = sorted(set(weights) - set(made))
+    if unused:
+        raise CheckpointError(f"{wpath}: holds tensors graph.json does not mention: {unused[:5]}")
+    for mname, mod in gm.named_modules(remove_duplicate=False):
+        for tname, t in (*mod._parameters.items(), *mod._buffers.items(), *vars(mod).items()):
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                raise CheckpointError(f"{wpath}: no value for {join(mname, tname)!r} (module built without it)")
+
+
+def _target(gm: fx.GraphModule, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The object a node calls or names, through the allowlist only (strings for non-call ops)."""
+    if op == "call_function":
+        targets.check_call(target, args, kwargs)
+        fn = targets.resolve_function(target)
+        if isinstance(fn, torch._ops.OpOverload):
+            schema = fn._schema.arguments
+            written = [a for a, s in zip(args, schema) if s.alias_info is not None and s.alias_info.is_write]
+        else:
+            written = list(args[:1]) if target.endswith("_") and not target.endswith("__") else []
+        _refuse_parameter_writes(gm, target, written)
+        return fn
+    if op == "call_method":
+        name = targets.check_method(target)
+        _refuse_parameter_writes(gm, name, list(args[:1]) if name.endswith("_") else [])
+        return name
+    if op in ("call_module", "get_attr"):
+        *parents, attr = check_path(target, "target")
+        owner = gm.get_submodule(".".join(parents))
+        tensors = (owner._parameters, owner._buffers) if op == "get_attr" else ()
+        if attr in owner._modules or any(attr in d for d in tensors) or \
+                (op == "get_attr" and isinstance(vars(owner).get(attr), torch.Tensor)):
+            return target
+        raise CheckpointError(f"{target!r} is not a stored {'tensor or ' if op == 'get_attr' else ''}module")
+    if op == "placeholder" and isinstance(target, str) and is_identifier(target.lstrip("*")) \
+            and len(target) - len(target.lstrip("*")) <= 2:
+        return target
+    if op == "output" and target == "output":
+        return target
+    raise CheckpointError(f"bad {op} target {target!r}"[:300])
+
+
+def _refuse_parameter_writes(gm: fx.GraphModule, what: str, written: list[Any]) -> None:
+    """In-place ops on a stored parameter would change the weights (or their autograd state) at every call."""
+    for arg in written:
+        if isinstance(arg, fx.Node) and arg.op == "get_attr":
+            *parents, attr = check_path(arg.target, "target")
+            if attr in gm.get_submodule(".".join(parents))._parameters:
+                raise CheckpointError(f"in-place {what!r} on parameter {arg.target!r} is not allowed: it would "
+                                      "change the model's weights or their autograd state when the graph runs")
+
+
+def _codegen(graph: fx.Graph, codegen: Any, version: int) -> None:
+    """Restore the graph's calling convention from fxforge's structure schema (schema 1 translated)."""
+    if not isinstance(codegen, dict) or codegen.get("kind") not in ("default", "pytree"):
+        raise CheckpointError(f"unknown codegen {codegen!r}"[:200])
+    if codegen["kind"] == "default":
+        if set(codegen) != {"kind"}:
+            raise CheckpointError("default codegen takes no other keys")
+        return
+    if set(codegen) != {"kind", "orig_args", "in_spec", "out_spec"}:
+        raise CheckpointError("pytree codegen needs exactly kind, orig_args, in_spec, out_spec")
+    orig_args = codegen["orig_args"]
+    if not isinstance(orig_args, list) or not all(is_identifier(a) and a != "self" for a in orig_args):
+        raise CheckpointError("codegen orig_args must be identifiers")
+    specs = {}
+    for key in ("in_spec", "out_spec"):
+        doc = codegen[key]
+        if doc is not None and version == 1:
+            doc = translate_v1_spec(doc, f"codegen {key} (schema 1)")
+        specs[key] = None if doc is None else decode_spec(doc, f"codegen {key}")
+    graph._codegen = _PyTreeCodeGen(_PyTreeInfo(list(orig_args), specs["in_spec"], specs["out_spec"]))
+
+
+def _build_graph(gm: fx.GraphModule, doc: dict[str, Any], version: int) -> fx.Graph:
+    """Recreate every node with ``graph.create_node`` and restore the pytree calling convention."""
+    graph, env = fx.Graph(), Env()
+    if not isinstance(doc["nodes"], list):
+        raise CheckpointError("'nodes' must be a list")
+    for entry in doc["nodes"]:
+        if not isinstance(entry, dict):
+            raise CheckpointError("each node must be a JSON object")
+        name, op, target = entry.get("name"), entry.get("op"), entry.get("target")
+        where, kwargs = f"node {name!r}"[:120], entry.get("kwargs", {})
+        check_node_name(name, where)
+        if not isinstance(target, str) or not isinstance(kwargs, dict) or not all(is_identifier(k) for k in kwargs):
+            raise CheckpointError(f"{where}: malformed node (names and keywords must be identifiers)")
+        args = decode_value(entry.get("args", []), where, env)
+        if not isinstance(args, list):
+            raise CheckpointError(f"{where}: args must be a list")
+        kwargs = {k: decode_value(v, where, env) for k, v in kwargs.items()}
+        try:
+            fn = _target(gm, op, target, tuple(args), kwargs)
+        except (CheckpointError, AttributeError) as exc:
+            raise CheckpointError(f"{where} ({op} {target!r}): {exc}"[:600]) from None
+        node = graph.create_node(op, fn, tuple(args), kwargs, name=name)
+        if node.name != name:
+            raise CheckpointError(f"{where}: name is taken or reserved (became {node.name!r})")
+        env[("node", name)] = node
+    _codegen(graph, doc["codegen"], version)
+    return graph
+
+
+def _restore_metadata(graph: fx.Graph, doc: Any, mpath: Path) -> None:
+    """Attach NodeMeta from metadata.json; record types must already be registered (by the passes that
+    define them, which ``import fxforge`` imports): an unknown record is an error naming it."""
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if type(version) is not int or version != METADATA_SCHEMA_VERSION or not isinstance(doc.get("nodes"), dict):
+        raise CheckpointError(f"{mpath}: metadata schema version {version!r} is not {METADATA_SCHEMA_VERSION}")
+    nodes = {n.name: n for n in graph.nodes}
+    for name, data in doc["nodes"].items():
+        if name not in nodes:
+            raise CheckpointError(f"{mpath}: metadata for unknown node {name!r}"[:300])
+        try:
+            meta = NodeMeta.from_json(data)
+        except Exception as exc:
+            raise CheckpointError(f"{mpath}: node {name!r}: bad metadata ({type(exc).__name__}: {exc}); import "
+                                  "the module that registers its records"[:600]) from None
+        set_meta(nodes[name], meta)
+
+
+def reference_outputs(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """The outputs recorded at export (manifest-verified), or None when the checkpoint recorded none."""
+    root = Path(path)
+    payloads, _ = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS, OUTPUTS))
+    return _parse(root, OUTPUTS, payloads) if OUTPUTS in payloads else None
+
+
+def load_checkpoint(path: str | Path) -> ForgeGraph:
+    """Load a checkpoint written by :func:`save_checkpoint`; CheckpointError names the failing file.
+
+    The manifest is verified first and every target is resolved through the allowlist, so loading
+    never runs code the checkpoint chose. Nothing is returned unless every step succeeded.
+    """
+    from .forge_graph import ForgeGraph, PassRecord
+
+    root = Path(path)
+    payloads, version = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS, OUTPUTS))
+    gpath = root / GRAPH
+    doc = _parse(root, GRAPH, payloads)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("schema_version") != version \
+            or type(doc.get("schema_version")) is not int:
+        raise CheckpointError(f"{gpath}: not an fxforge graph of schema version {version} (as its manifest says)")
+    weights, input_tensors = _parse(root, WEIGHTS, payloads), _parse(root, INPUTS, payloads)
+    try:
+        class_name, frontend = doc["class_name"], doc["frontend"]
+        if not is_identifier(class_name) or frontend not in ("fx", "export"):
+            raise CheckpointError(f"bad class name {class_name!r} or frontend {frontend!r}"[:300])
+        gm = fx.GraphModule(nn.Module(), fx.Graph(), class_name=class_name)
+        configured = _build_modules(gm, doc)
+        _attach_tensors(gm, doc, weights, root / WEIGHTS, configured)
+        graph = _build_graph(gm, doc, version)
+        gm.graph = graph  # recompiles: the code is generated from checked identifiers and allowlisted nodes only
+        graph.lint()
+        gm.train(bool(doc["training"]))
+        for module_path, flag in doc["training_exceptions"].items():
+            gm.get_submodule(".".join(check_path(module_path, "training flags"))).training = bool(flag)
+        example_inputs, ex = None, doc["example_inputs"]
+        if ex is not None:
+            env = {("tensor", k): v for k, v in input_tensors.items()}
+            example_inputs = ExampleInputs(tuple(decode_value(ex["args"], "example_inputs", env)),
+                                           decode_value(ex["kwargs"], "example_inputs", env))
+        history = [PassRecord.from_json(h) for h in doc["history"]]
+        notes = [str(n) for n in doc["capture_notes"]]
+    except CheckpointError as exc:
+        raise CheckpointError(str(exc) if str(root) in str(exc) else f"{gpath}: {exc}") from None
+    except Exception as exc:
+        raise CheckpointError(f"{gpath}: malformed checkpoint graph ({type(exc).__name__}: {exc})"[:800]) from None
+    _restore_metadata(graph, _parse(root, METADATA, payloads), root / METADATA)
+    return ForgeGraph.from_parts(gm, frontend, example_inputs, history, notes)

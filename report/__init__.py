@@ -1,0 +1,5 @@
+"""One self-contained HTML report of a ForgeGraph: drawing, node table, pass history, quantization, search plots."""
+
+from .html import build_report, write_report
+
+__all__ = ["build_report", "write_report"]
