@@ -3,7 +3,9 @@
 from .groups import DependencyGraph, GroupError, analyse_dependencies
 from .modules import PrunedConv1d, PrunedConv2d, PrunedLinear
 from .prune import LayerSparsity, PruneInfo, prune_transform_pass
+from .quantized import QuantizedPrunedLinear
 from .shrink import ShrinkInfo, shrink_transform_pass
 
 __all__ = ["prune_transform_pass", "shrink_transform_pass", "PruneInfo", "ShrinkInfo", "LayerSparsity",
-           "PrunedLinear", "PrunedConv1d", "PrunedConv2d", "GroupError", "DependencyGraph", "analyse_dependencies"]
+           "PrunedLinear", "QuantizedPrunedLinear", "PrunedConv1d", "PrunedConv2d", "GroupError", "DependencyGraph",
+           "analyse_dependencies"]

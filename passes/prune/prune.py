@@ -13,21 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
 from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo, register_property
-from ..rewrite import inject_modules
+from ..rewrite import NoMatchError, describe_candidates, inject_modules
 from ..select import select_nodes
 from .config import PruneArgs, PruneSection
 from .groups import DependencyGraph, GroupError, analyse_dependencies
-from .modules import is_masked, pruned_from
+from .modules import PRUNED_LAYERS, is_masked, pruned_from
 from .scores import weight_scores
 
 __all__ = ["prune_transform_pass", "PruneInfo", "LayerSparsity"]
 
 DEFAULT_TARGETS: dict[str, Any] = {"type": ["linear", "conv1d", "conv2d"]}
+Unit = tuple[str, list[tuple[str, int]]]  # (group key: layer path or attention node, rows (path, row) cut together)
 
 
 def _is_pruned(graph: ForgeGraph) -> bool:
@@ -106,70 +108,80 @@ def _ffn_layers(dep: DependencyGraph, layers: dict[str, nn.Module], modules: dic
     return out
 
 
-def _structured_masks(args: PruneArgs, sec: PruneSection, graph: ForgeGraph, layers: dict[str, nn.Module],
-                      explicit: bool, scores: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, int]:
-    """Row masks (True = prune) for row / head / ffn granularity; returns (masks, units pruned, units)."""
-    gm = graph.model
-    units: list[tuple[str, list[tuple[str, int]], float, int]] = []  # (group key, rows, score, size)
-    if sec.granularity == "row":
+def _structured_units(sec: PruneSection, dep: DependencyGraph | None, layers: dict[str, nn.Module],
+                      modules: dict[str, nn.Module], explicit: bool) -> tuple[dict[str, nn.Module], list[Unit]]:
+    """The layers that carry ``sec.granularity`` units (a subset of the selected ``layers`` when the
+    selector was the default) and the units: (group key, rows, score placeholder, size)."""
+    units: list[Unit] = []
+    if sec.granularity == "row" or dep is None:
         for path, layer in layers.items():
-            for r in range(layer.weight.shape[0]):
-                s = scores[path][r]
-                units.append((path, [(path, r)], float(s.sum()), s.numel()))
-    else:
-        dep = analyse_dependencies(gm, graph.example_inputs)
-        if sec.granularity == "ffn":
-            why = _ffn_layers(dep, layers, dict(gm.named_modules()))
-            bad = {p: w for p, w in why.items() if w}
-            ok = [p for p, w in why.items() if not w]
-            if explicit and bad:
-                p, w = next(iter(bad.items()))
-                raise GroupError(f"ffn pruning: layer {p!r} has no FFN units: {w}; layers with FFN units: {ok}")
-            if not ok:
-                raise GroupError(f"ffn pruning: no selected layer has FFN units ({next(iter(bad.values()), '')})")
-            for path in ok:
-                for r in range(layers[path].weight.shape[0]):
-                    s = scores[path][r]
-                    units.append((path, [(path, r)], float(s.sum()), s.numel()))
-        else:
-            heads = dep.head_of()
-            classes = dep.classes()
-            in_heads = {dep.units[u][0] for root in heads for u in classes[root]}
-            bad = [p for p in layers if p not in in_heads]
-            if explicit and bad:
-                raise GroupError(f"head pruning: layer {bad[0]!r} has no attention heads (its rows do not reach a "
-                                 f"scaled_dot_product_attention as a head axis); layers with heads: {sorted(in_heads)}")
-            for root, (node, h) in heads.items():
-                rows = [dep.units[u] for u in classes[root]]
-                if not any(p in layers for p, _ in rows):
-                    continue
-                if dep.pinned(root):
-                    raise GroupError(f"head {h} of {node!r} cannot be pruned: {dep.pinned(root)}")
-                missing = sorted({p for p, _ in rows if p not in layers})
-                if missing:
-                    raise GroupError(f"head pruning at {node!r}: q/k/v layers {missing} must be selected too")
-                score = sum(float(scores[p][r].sum()) for p, r in rows)
-                units.append((node, rows, score, sum(scores[p][r].numel() for p, r in rows)))
-            if not units:
-                raise GroupError(f"head pruning: no selected layer has attention heads; layers with heads: "
-                                 f"{sorted(in_heads)}")
+            units += [(path, [(path, r)]) for r in range(layer.weight.shape[0])]
+        return layers, units
+    if sec.granularity == "ffn":
+        why = _ffn_layers(dep, layers, modules)
+        bad = {p: w for p, w in why.items() if w}
+        ok = [p for p, w in why.items() if not w]
+        if explicit and bad:
+            p, w = next(iter(bad.items()))
+            raise GroupError(f"ffn pruning: layer {p!r} has no FFN units: {w}; layers with FFN units: {ok}")
+        if not ok:
+            raise GroupError(f"ffn pruning: no selected layer has FFN units ({next(iter(bad.values()), '')})")
+        for path in ok:
+            units += [(path, [(path, r)]) for r in range(layers[path].weight.shape[0])]
+        return {p: layers[p] for p in ok}, units
+    heads, classes = dep.head_of(), dep.classes()
+    in_heads = {dep.units[u][0] for root in heads for u in classes[root]}
+    bad = [p for p in layers if p not in in_heads]
+    if explicit and bad:
+        raise GroupError(f"head pruning: layer {bad[0]!r} has no attention heads (its rows do not reach a "
+                         f"scaled_dot_product_attention as a head axis); layers with heads: {sorted(in_heads)}")
+    for root, (node, h) in heads.items():
+        rows = [dep.units[u] for u in classes[root]]
+        if not any(p in layers for p, _ in rows):
+            continue
+        if dep.pinned(root):
+            raise GroupError(f"head {h} of {node!r} cannot be pruned: {dep.pinned(root)}")
+        missing = sorted({p for p, _ in rows if p not in layers})
+        if missing:
+            raise GroupError(f"head pruning at {node!r}: q/k/v layers {missing} must be selected too")
+        units.append((node, rows))
+    if not units:
+        raise GroupError(f"head pruning: no selected layer has attention heads; layers with heads: "
+                         f"{sorted(in_heads)}")
+    return {p: layers[p] for p in layers if p in in_heads}, units
+
+
+def _structured_masks(sec: PruneSection, layers: dict[str, nn.Module], units: list[Unit],
+                      scores: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """Row masks (True = prune) from unit scores (local: per group key, global: one threshold over
+    per-element means so wide and narrow layers are on one scale); returns (masks, units pruned)."""
+    scored = [(key, rows, sum(float(scores[p][r].sum()) for p, r in rows), sum(scores[p][r].numel() for p, r in rows))
+              for key, rows in units]
     masks = {p: torch.zeros(layer.weight.shape[0], dtype=torch.bool) for p, layer in layers.items()}
-    keys = sorted({k for k, _, _, _ in units}) if sec.scope == "local" else [None]
+    keys = sorted({k for k, _, _, _ in scored}) if sec.scope == "local" else [None]
     pruned = 0
     for key in keys:
-        chosen = [u for u in units if key is None or u[0] == key]
-        # global: compare per-element means so wide and narrow layers are on one scale
+        chosen = [u for u in scored if key is None or u[0] == key]
         vals = torch.tensor([s / n if key is None else s for _, _, s, n in chosen])
-        drop = _lowest(vals, sec.sparsity)
-        for (_, rows, _, _), d in zip(chosen, drop.tolist()):
+        for (_, rows, _, _), d in zip(chosen, _lowest(vals, sec.sparsity).tolist()):
             if d:
                 pruned += 1
                 for p, r in rows:
-                    masks.setdefault(p, torch.zeros(gm.get_submodule(p).weight.shape[0], dtype=torch.bool))[r] = True
-    return masks, pruned, len(units)
+                    masks[p][r] = True
+    return masks, pruned
 
 
-@forge_pass("transform", PruneArgs, info=PruneInfo, ensures=("pruned",),
+def _candidates(gm: fx.GraphModule, targets: Any, exclude: Any) -> dict[str, nn.Module]:
+    """Selected layers that have a masked twin (or are masked already); NoMatchError lists candidates."""
+    out = {name: m for _, name, m, _ in select_nodes(gm, targets, exclude, modules_only=True)
+           if m is not None and (is_masked(m) or type(m) in PRUNED_LAYERS)}
+    if not out:
+        raise NoMatchError(f"no Linear / Conv layer matched targets={targets!r} exclude={exclude!r}; "
+                           f"candidates: {describe_candidates(gm)}")
+    return out
+
+
+@forge_pass("transform", PruneArgs, info=PruneInfo, ensures=("pruned",), forbids=("quantized", "lora", "int8-lowered"),
             contract=NumericalContract("bounded", note="pruning changes outputs; the error is measured"))
 def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph, PruneInfo]:
     """Mask the selected layers' weights (and optionally inputs) as MASE's config says; info per layer."""
@@ -177,11 +189,17 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
     sec, act = args.weight_section, args.activation_section
     explicit = args.targets is not None
     targets = args.targets if explicit else DEFAULT_TARGETS
-    if sec is not None and sec.granularity in ("head", "ffn") and not explicit:
+    structured = sec is not None and sec.sparsity > 0 and sec.granularity != "elementwise"
+    if structured and sec.granularity in ("head", "ffn") and not explicit:
         targets = {"type": ["linear"]}
-    inject_modules(gm, targets, args.exclude, lambda _, m: pruned_from(m), what="Linear / Conv layer")
-    layers = {name: m for _, name, m, _ in select_nodes(gm, targets, args.exclude, modules_only=True)
-              if m is not None and is_masked(m)}
+    layers = _candidates(gm, targets, args.exclude)
+    units: list[Unit] = []
+    if structured:  # head / ffn: only the layers in those groups are wrapped (found before any change)
+        dep = analyse_dependencies(gm, graph.example_inputs) if sec.granularity != "row" else None
+        layers, units = _structured_units(sec, dep, layers, dict(gm.named_modules()), explicit)
+    inject_modules(gm, {"name": sorted(layers)}, None, lambda name, m: pruned_from(m) if name in layers else None,
+                   what="Linear / Conv layer")
+    layers = {p: gm.get_submodule(p) for p in layers}
     units_pruned = units_total = 0
     if sec is not None and sec.sparsity > 0:
         scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn, args.seed)
@@ -197,9 +215,10 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
             units_pruned = sum(int(d.sum()) for d in drops.values())
             units_total = sum(d.numel() for d in drops.values())
         else:
-            rows, units_pruned, units_total = _structured_masks(args, sec, graph, layers, explicit, scores)
+            rows, units_pruned = _structured_masks(sec, layers, units, scores)
+            units_total = len(units)
             for p, r in rows.items():
-                layer = gm.get_submodule(p)
+                layer = layers[p]
                 wmask = (~r).reshape(-1, *([1] * (layer.weight.dim() - 1))).expand_as(layer.weight)
                 layer.set_masks(wmask, ~r)
     if act is not None:

@@ -140,13 +140,12 @@ def _sliced(m: nn.Module, rows: torch.Tensor, cols: torch.Tensor) -> nn.Module:
     return new.train(m.training)
 
 
-@forge_pass("transform", ShrinkArgs, info=ShrinkInfo, contract=NumericalContract("exact", atol=1e-5))
+@forge_pass("transform", ShrinkArgs, info=ShrinkInfo, requires=("pruned",),
+            forbids=("quantized", "lora", "int8-lowered"),
+            contract=NumericalContract("exact", atol=1e-5, note="only fully masked units are removed"))
 def shrink_transform_pass(graph: ForgeGraph, args: ShrinkArgs) -> tuple[ForgeGraph, ShrinkInfo]:
     """Remove every fully masked dependency group: smaller dense layers, updated head split."""
     gm = graph.model
-    if not any(is_masked(m) for m in gm.modules()):
-        raise GroupError("shrink: the graph has no pruning masks; run prune_transform_pass with a row / head / ffn "
-                         "granularity first")
     before = sum(p.numel() for p in gm.parameters())
     dep = analyse_dependencies(gm, graph.example_inputs)
     removed, kept_masked = _removable(dep, gm, args.strict)

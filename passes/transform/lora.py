@@ -351,8 +351,7 @@ def fused_linear(module: LoraLinear) -> nn.Linear:
     new.weight = nn.Parameter(module.merged_weight().clone(), requires_grad=base.weight.requires_grad)
     new.train(base.training)
     mask = getattr(base, "weight_mask", None)
-    if isinstance(mask, torch.Tensor):  # a pruned base (passes/prune): the fused layer keeps its masks
-        new = type(base).from_float(new)
+    if isinstance(mask, torch.Tensor):  # a pruned base (passes/prune): the copy keeps its masks; zero what they cut
         new.set_masks(mask, getattr(base, "bias_mask", None))
     return new
 

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from conftest import bert_inputs, make_gpt, make_tiny_bert
+
 from fxforge import ForgeGraph, passes
 from fxforge.passes import PassArgsError, PassError
 from fxforge.passes.prune import PrunedLinear, prune_transform_pass
