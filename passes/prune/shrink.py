@@ -20,7 +20,7 @@ import torch.nn as nn
 from ...graph.forge_graph import ForgeGraph
 from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo
-from ..rewrite import refresh_nodes, swap_module
+from ..rewrite import refresh_nodes, set_module
 from .groups import DependencyGraph, GroupError, analyse_dependencies
 from .modules import PrunedLinear, is_masked
 
@@ -175,8 +175,8 @@ def shrink_transform_pass(graph: ForgeGraph, args: ShrinkArgs) -> tuple[ForgeGra
                             dtype=torch.long)
         if rows.numel() == out_f and cols.numel() == in_f:
             continue
-        swap_module(gm, path, _sliced(m, rows, cols))
+        set_module(gm, path, _sliced(m, rows, cols))  # metadata: every node re-derived below, once
         resized[path] = ((out_f, in_f), (int(rows.numel()), int(cols.numel())))
-    refresh_nodes(gm)
+    refresh_nodes(gm, [n for n in gm.graph.nodes if n.op != "placeholder"])  # inputs keep their values
     after = sum(p.numel() for p in gm.parameters())
     return graph, ShrinkInfo(resized, heads, len(removed), before, after, tuple(kept_masked))

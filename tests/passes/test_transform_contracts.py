@@ -46,6 +46,9 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "calibrate": ("calibrate_transform_pass", {"data": [bert_inputs(labels=False)]},
                   [("quantize_transform_pass", STATIC)], None),
     "lower_int8": ("lower_int8_transform_pass", {"backend": "fbgemm"}, [("quantize_transform_pass", INT8)], None),
+    "prune": ("prune_transform_pass", {"weight": {"sparsity": 0.2, "scope": "global"}}, [], None),
+    "shrink": ("shrink_transform_pass", {}, [("prune_transform_pass", {"weight": {"sparsity": s, "granularity": g}})
+                                            for s, g in ((0.5, "head"), (0.5, "ffn"))], None),
 }
 
 
