@@ -58,9 +58,9 @@ CASES: dict[str, PassCase] = {
     "profile_analysis_pass": PassCase(lambda d: {"runs": 1}, (("init_metadata_analysis_pass", _none),)),
     "liveness_analysis_pass": PassCase(_none, (("init_metadata_analysis_pass", _none),)),
     # mild, so a composition stays within its tolerance of the unpruned model
-    "prune_transform_pass": PassCase(lambda d: {"weight": {"sparsity": 0.1}}),
-    "shrink_transform_pass": PassCase(_none, (("prune_transform_pass", lambda d: {
-        "weight": {"sparsity": 0.1, "granularity": "ffn"}}),)),
+    "prune_transform_pass": PassCase(lambda d: {"weight": {"sparsity": 0.02}}),
+    "shrink_transform_pass": PassCase(_none, (("prune_transform_pass", lambda d: {  # 1 FFN unit per layer
+        "weight": {"sparsity": 0.02, "granularity": "ffn"}}),)),
 }
 
 
