@@ -23,12 +23,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+
 from fxforge.benchmarks.bench_quant_int8 import int8_config, time_variants  # noqa: E402
 from fxforge.examples.prune_minilm import ELEMENTWISE, FFN, HEADS, torch_pruning_model  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.prune import prune_transform_pass, shrink_transform_pass  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402
-    calibrate_analysis_pass,
+    calibrate_transform_pass,
     lower_int8_transform_pass,
     quantize_transform_pass,
 )
@@ -36,7 +37,7 @@ from fxforge.passes.quantize import (  # noqa: E402
 
 def lowered(mg: ForgeGraph, calib: list[dict[str, torch.Tensor]]) -> ForgeGraph:
     mg, _ = quantize_transform_pass(mg.copy(), int8_config(True))
-    mg, _ = calibrate_analysis_pass(mg, {"data": calib})
+    mg, _ = calibrate_transform_pass(mg, {"data": calib})
     mg, _ = lower_int8_transform_pass(mg, {"backend": "onednn", "strict": True})
     return mg
 

@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+
 from fxforge.data import get_tokenized_dataset, get_trainer  # noqa: E402
 from fxforge.examples.quantization import accuracy, batches  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
@@ -35,8 +36,9 @@ LOGBOOK = (0.84, 0.55, 0.83)
 
 def base_model(args: argparse.Namespace, ds: Any, tokenizer: Any) -> torch.nn.Module:
     """The fine-tuned fp32 classifier, from the cache or trained now."""
-    from fxforge.models.bert import minilm_for_sequence_classification
     from transformers import AutoModelForSequenceClassification
+
+    from fxforge.models.bert import minilm_for_sequence_classification
 
     cache = Path(args.cache_dir) / f"minilm-imdb-{args.train}-{args.length}"
     if (cache / "config.json").is_file():
