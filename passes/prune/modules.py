@@ -4,8 +4,9 @@ The prune pass swaps a selected layer for its ``Pruned*`` twin, which keeps the 
 adds boolean buffers ``weight_mask`` (and ``bias_mask``). The forward multiplies by the masks, so the
 gradient of a pruned weight is zero and (since the stored weight was zeroed too) SGD / Adam / AdamW
 never move it: pruned weights stay exactly zero through HF-Trainer training. Subclassing the float layer
-keeps selectors, canonical op names (``linear``), LoRA (which wraps any nn.Linear) and quantization
-(which adopts ``weight``) working. Activation pruning (MASE) masks the layer's input at run time.
+keeps selectors, canonical op names (``linear``) and LoRA (which wraps any nn.Linear) working;
+quantization swaps a PrunedLinear for QuantizedPrunedLinear (passes/prune/quantized.py), which keeps
+the masks. Activation pruning (MASE) masks the layer's input at run time.
 """
 
 from __future__ import annotations
