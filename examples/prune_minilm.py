@@ -88,6 +88,15 @@ def torch_pruning_model(model: torch.nn.Module, example: dict[str, torch.Tensor]
     return model
 
 
+class _Rows(list):
+    """Table rows, each printed as soon as it is measured (a long run keeps what it measured)."""
+
+    def append(self, row: tuple[str, float, float, float, str]) -> None:
+        name, b, a, f, note = row
+        print(f"{name:<72} {b:>7.3f} {a:>7.3f} {f:>7.3f}  {note}", flush=True)
+        super().append(row)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="MiniLM IMDb pruning table (MASE tutorial 4)")
     parser.add_argument("--train", type=int, default=400)
@@ -106,7 +115,11 @@ def main() -> None:
     model = base_model(args, ds, tokenizer)
     base = ForgeGraph(model, hf_input_names=INPUTS).eval()
     before = accuracy(base, test)
-    rows: list[tuple[str, float, float, float, str]] = []
+    print(f"\nMiniLM IMDb, {args.train} train / {args.test} test reviews, length {args.length}, short fine-tune on "
+          f"{args.ft_train} reviews (1 epoch)")
+    print(f"{'method':<72} {'before':>7} {'pruned':>7} {'+ft':>7}")
+    print(f"{'logbook (MASE tutorial 4)':<72} {LOGBOOK[0]:>7.3f} {LOGBOOK[1]:>7.3f} {LOGBOOK[2]:>7.3f}")
+    rows = _Rows()
 
     mg, info = prune_transform_pass(base.copy(), ELEMENTWISE)
     right_after = accuracy(mg, test)
@@ -131,13 +144,7 @@ def main() -> None:
         params = sum(p.numel() for p in tp_model.parameters())
         rows.append((f"Torch-Pruning same target ({params / sinfo.params_before:.2f}x params)", before,
                      right_after, accuracy(tp_model, test), f"ft {secs:.0f} s"))
-
-    print(f"\nMiniLM IMDb, {args.train} train / {args.test} test reviews, length {args.length}; "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'method':<72} {'before':>7} {'pruned':>7} {'+ft':>7}")
-    print(f"{'logbook (MASE tutorial 4)':<72} {LOGBOOK[0]:>7.3f} {LOGBOOK[1]:>7.3f} {LOGBOOK[2]:>7.3f}")
-    for name, b, a, f, note in rows:
-        print(f"{name:<72} {b:>7.3f} {a:>7.3f} {f:>7.3f}  {note}")
+    print(f"load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
