@@ -10,6 +10,7 @@ rebuild it from a reloaded checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..passes.contract import ContractError, current_properties, jsonable, plan_
 from .report import PipelineReport, StepReport
 from .steps import ACTIONS, PipelineError, Step, make_step
 from .toml import load_toml
-from .verify import ContractResult, OutputCache
+from .verify import ContractChecker, ContractResult
 
 __all__ = ["ContractViolation", "Pipeline", "PIPELINE_RECORD"]
 
@@ -170,41 +171,41 @@ class Pipeline:
         self.check_order(graph)
         mg = graph if inplace else graph.copy()
         checked = verify and any(s.contract is not None for s in self.steps)
-        cache = OutputCache(mg, self.data if data is None else data, self.num_batches) if checked else None
+        checker = ContractChecker(mg, self.data if data is None else data, self.num_batches) if checked else None
         started, reports, done = time.perf_counter(), [], []
         pos = len(mg.history)
         mg.history.append(self._record(done, 0))
         for step in self.steps:
-            mg, report = self._run_step(mg, step, verify, cache, reports, started)
+            mg, report = self._run_step(mg, step, verify, checker)
             reports.append(report)
             if step.name != "export":
                 done.append(step)
             mg.history[pos] = self._record(done, len(mg.history) - pos - 1)
-            if report.contract.kind not in ("exact", "bounded") or report.contract.ok:
+            if report.contract.ok:
                 continue
             raise ContractViolation(
-                f"pipeline {self.name!r} step {step.index} ({step.name}): {step.contract.kind} contract "  # type: ignore
-                f"broken: {report.contract.violation}", self._report(reports, started, cache))
-        return mg, self._report(reports, started, cache)
+                f"pipeline {self.name!r}: contract broken, checked after step {step.index} ({step.name}): "
+                f"{report.contract.violation}", self._report(reports, started, checker))
+        if checker is not None:
+            pending, why = checker.unfinished()
+            for i in pending:
+                reports[i - 1] = dataclasses.replace(reports[i - 1], contract=ContractResult(
+                    kind="unchecked", ok=True, violation=f"the graph never became runnable ({why})"))
+        return mg, self._report(reports, started, checker)
 
-    def _run_step(self, mg: ForgeGraph, step: Step, verify: bool, cache: OutputCache | None,
-                  reports: list[StepReport], started: float) -> tuple[ForgeGraph, StepReport]:
+    def _run_step(self, mg: ForgeGraph, step: Step, verify: bool,
+                  checker: ContractChecker | None) -> tuple[ForgeGraph, StepReport]:
         contract = step.contract if verify and step.spec.kind == "transform" else None
-        before, fwd0, t0 = None, cache.forwards if cache else 0, time.perf_counter()
-        if contract is not None and cache is not None:
-            before = cache.before(mg, contract.mode)
-        before_seconds = time.perf_counter() - t0
-        t1 = time.perf_counter()
+        if checker is not None:
+            checker.before_step(mg, contract)
+        t0 = time.perf_counter()
         try:
             out, info = step.fn(mg, step.built)
         except Exception as exc:
             raise PipelineError(f"pipeline {self.name!r} step {step.index} ({step.name}) failed: {exc}") from exc
-        seconds = time.perf_counter() - t1
-        if contract is not None and cache is not None and before is not None:
-            result = cache.check(out, contract, before, fwd0, before_seconds)
-        else:
-            if cache is not None:
-                cache.forget_if_changed(out)
+        seconds = time.perf_counter() - t0
+        result = checker.after_step(out, step.index, step.name, contract) if checker is not None else None
+        if result is None:
             kind = "analysis" if step.spec.kind != "transform" else ("off" if not verify else "none")
             result = ContractResult(kind=kind, ok=True)
         return out, StepReport(step.index, step.name, step.spec.kind, jsonable(dict(step.args)), seconds, info,
@@ -215,9 +216,9 @@ class Pipeline:
         return PassRecord(name=PIPELINE_RECORD, kind=PIPELINE_RECORD,
                           args={"name": self.name, "verify": self.verify, "steps": steps, "records": records})
 
-    def _report(self, reports: list[StepReport], started: float, cache: OutputCache | None) -> PipelineReport:
+    def _report(self, reports: list[StepReport], started: float, checker: ContractChecker | None) -> PipelineReport:
         return PipelineReport(self.name, tuple(reports), time.perf_counter() - started,
-                              cache.forwards if cache else 0, sum(r.contract.seconds for r in reports))
+                              checker.forwards if checker else 0, sum(r.contract.seconds for r in reports))
 
 
 def _summarised(value: Any) -> bool:

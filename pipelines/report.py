@@ -18,6 +18,13 @@ def _info_json(info: Any) -> Any:
     return to_json() if callable(to_json) else jsonable(info)
 
 
+def _contract_cell(step: StepReport) -> str:
+    covers = step.contract.covers
+    if covers and covers != (step.index,):
+        return f"step(s) {'+'.join(map(str, covers))}: {step.contract.summary()}"
+    return step.contract.summary()
+
+
 @dataclass(frozen=True)
 class StepReport:
     """One step's record: ``seconds`` is the pass alone; the contract check's cost is in ``contract``."""
@@ -63,7 +70,7 @@ class PipelineReport:
             return text if len(text) <= width else text[: width - 3] + "..."
 
         rows = [{"#": s.index, "pass": s.name, "args": cut(s.args), "time": f"{s.seconds:.3f}s",
-                 "info": cut(_info_json(s.info)), "contract": s.contract.summary(),
+                 "info": cut(_info_json(s.info)), "contract": cut(_contract_cell(s)),
                  "check": f"{s.contract.forwards} fwd {s.contract.seconds:.3f}s"} for s in self.steps]
         total = (f"total {self.seconds:.3f}s; contract checks: {self.check_forwards} forward(s), "
                  f"{self.check_seconds:.3f}s")

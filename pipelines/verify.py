@@ -21,7 +21,7 @@ from ..passes.batching import iter_batches, run_batch
 from ..passes.contract import NumericalContract, jsonable
 from ..passes.metrics import OutputDiff, compare_outputs
 
-__all__ = ["ContractResult", "OutputCache", "evaluate_contract", "state_fingerprint"]
+__all__ = ["ContractChecker", "ContractResult", "OutputCache", "evaluate_contract", "state_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class ContractResult:
     violation: str = ""
     forwards: int = 0
     seconds: float = 0.0
+    covers: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(self)
@@ -44,6 +45,8 @@ class ContractResult:
     def summary(self) -> str:
         if self.kind in SKIPPED:
             return SKIPPED[self.kind]
+        if self.kind in ("deferred", "unchecked"):
+            return f"{self.kind}: {self.violation}"
         measured = f"max|Δ|={self.max_abs:.3g} sqnr={self.sqnr_db:.1f}dB"
         return f"{self.kind} {'ok' if self.ok else 'BROKEN'} ({measured})"
 
@@ -128,16 +131,66 @@ class OutputCache:
         if self._fingerprint != state_fingerprint(graph):
             self._outputs, self._fingerprint = {}, None
 
-    def check(self, graph: ForgeGraph, contract: NumericalContract, before: list[Any], forwards_before: int,
-              seconds_before: float) -> ContractResult:
-        """Run the graph after a step and measure it against ``before`` (worst batch wins); the cost
-        counts the forwards since ``forwards_before`` and ``seconds_before`` spent getting ``before``."""
+
+class ContractChecker:
+    """Checks steps' contracts in order. When the graph cannot run right after a transform (e.g. static
+    activation scales not calibrated yet), the check is deferred: the next step that leaves a runnable
+    graph measures the joint error against the same "before" and judges every pending contract on it."""
+
+    def __init__(self, graph: ForgeGraph, data: Any = None, num_batches: int | None = 1) -> None:
+        self.cache = OutputCache(graph, data, num_batches)
+        self._pending: list[tuple[int, str, NumericalContract]] = []
+        self._before: list[Any] | None = None
+        self._fwd0 = 0
+        self._seconds = 0.0
+        self._error = ""
+
+    @property
+    def forwards(self) -> int:
+        return self.cache.forwards
+
+    def before_step(self, graph: ForgeGraph, contract: NumericalContract | None) -> None:
+        """Secure the outputs the step will be judged against (kept ones when possible)."""
+        if contract is None or self._pending:
+            return
+        started, self._fwd0 = time.perf_counter(), self.cache.forwards
+        self._before = self.cache.before(graph, contract.mode)
+        self._seconds = time.perf_counter() - started
+
+    def after_step(self, graph: ForgeGraph, index: int, name: str,
+                   contract: NumericalContract | None) -> ContractResult | None:
+        """The check after step ``index`` (pass ``name``); None when nothing was to be checked (caller says why).
+        A violation names every step whose contract broke."""
+        judged = [*self._pending, *([(index, name, contract)] if contract is not None else [])]
+        if not judged:
+            self.cache.forget_if_changed(graph)
+            return None
         started = time.perf_counter()
-        after = self.after(graph, contract.mode)
-        diffs = [compare_outputs(b, a) for b, a in zip(before, after)]
+        mode = judged[0][2].mode
+        try:
+            after = self.cache.after(graph, mode)
+        except Exception as exc:  # the graph cannot run yet: judge it after a later step
+            self._pending, self._error = judged, f"{type(exc).__name__}: {str(exc)[:200]}"
+            self._seconds += time.perf_counter() - started
+            return ContractResult(kind="deferred", ok=True, violation=f"graph not runnable yet ({self._error})")
+        assert self._before is not None
+        diffs = [compare_outputs(b, a) for b, a in zip(self._before, after)]
         worst = OutputDiff(max(d.max_abs for d in diffs), max(d.ref_max for d in diffs), min(d.sqnr_db for d in diffs))
-        ok, limits, violation = evaluate_contract(contract, worst)
-        return ContractResult(kind=contract.kind, ok=ok, max_abs=worst.max_abs, ref_max=worst.ref_max,
-                              sqnr_db=worst.sqnr_db, limits=limits, violation=violation,
-                              forwards=self.forwards - forwards_before,
-                              seconds=seconds_before + time.perf_counter() - started)
+        limits: dict[str, float] = {}
+        broken = []
+        for i, pass_name, c in judged:
+            ok, lim, why = evaluate_contract(c, worst)
+            limits.update(lim)
+            if not ok:
+                broken.append(f"step {i} ({pass_name}) {c.kind} contract: {why}")
+        result = ContractResult(kind=judged[-1][2].kind, ok=not broken, max_abs=worst.max_abs, ref_max=worst.ref_max,
+                                sqnr_db=worst.sqnr_db, limits=limits, violation="; ".join(broken),
+                                forwards=self.cache.forwards - self._fwd0,
+                                seconds=self._seconds + time.perf_counter() - started,
+                                covers=tuple(i for i, _, _ in judged))
+        self._pending, self._before = [], after
+        return result
+
+    def unfinished(self) -> tuple[tuple[int, ...], str]:
+        """Steps whose check never ran (the graph never became runnable), and why."""
+        return tuple(i for i, _, _ in self._pending), self._error
