@@ -100,11 +100,12 @@ class Pipeline:
             raise PipelineError(f"{path}: {exc}") from None
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> Pipeline:
-        """A named pipeline (pipelines/presets.py: "int8-fast", "lora-finetune", ...)."""
+    def preset(cls, name: str, args: Mapping[str, Mapping[str, Any]] | None = None, **overrides: Any) -> Pipeline:
+        """A named pipeline (pipelines/presets.py: "int8-fast", "int8-dynamic", "lora-finetune"); ``args``
+        merges per-pass args by pass name, e.g. ``{"finetune": {"tokenized_dataset": ds, "tokenizer": tok}}``."""
         from .presets import preset_pipeline
 
-        return preset_pipeline(name, **overrides)
+        return preset_pipeline(name, args, **overrides)
 
     @classmethod
     def from_history(cls, graph: ForgeGraph, base: ForgeGraph | None = None, **overrides: Any) -> Pipeline:
