@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 from fxforge.pipelines import ContractViolation, Pipeline, PipelineError
 from fxforge.pipelines.pipeline import PIPELINE_RECORD
-from toys import small_graph
+from toys import CALLS, small_graph, toy_passes  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("toy_passes")
 
 
 def _out(mg):
     return mg(*mg.example_inputs.args)
 
 
-def test_unknown_pass_name_suggests_close_names(toy_passes: SimpleNamespace) -> None:
+def test_unknown_pass_name_suggests_close_names() -> None:
     with pytest.raises(PipelineError, match=r"step 2: unknown pass 'remove_dropout_transfrom_pass'; did you mean "
                                             r"'remove_dropout_transform_pass'"):
         Pipeline(["_mark_pass", "remove_dropout_transfrom_pass"])
@@ -24,8 +25,8 @@ def test_unknown_pass_name_suggests_close_names(toy_passes: SimpleNamespace) -> 
         Pipeline([lambda g, a: (g, None)])
 
 
-def test_bad_key_in_step_3_refused_before_step_1_runs(toy_passes: SimpleNamespace) -> None:
-    calls = toy_passes.calls
+def test_bad_key_in_step_3_refused_before_step_1_runs() -> None:
+    calls = CALLS
     steps = ["_bounded_scale_pass", "_exact_scale_pass", ("_bounded_scale_pass", {"factr": 2.0})]
     with pytest.raises(PipelineError, match=r"step 3 \(_bounded_scale_pass\): invalid args:.*unknown pass_args "
                                             r"key\(s\) \['factr'\]; allowed keys: \['factor'\]"):
@@ -41,8 +42,8 @@ def test_bad_key_in_step_3_refused_before_step_1_runs(toy_passes: SimpleNamespac
     assert calls == [("_bounded_scale_pass", 1), ("_exact_scale_pass", 2)]  # the valid steps do run
 
 
-def test_impossible_order_refused_before_any_step(toy_passes: SimpleNamespace) -> None:
-    calls = toy_passes.calls
+def test_impossible_order_refused_before_any_step() -> None:
+    calls = CALLS
     pipe = Pipeline(["_bounded_scale_pass", "_needs_mark_pass", "_mark_pass"])
     mg = small_graph()
     with pytest.raises(PipelineError, match=r"impossible order: step 2 \(_needs_mark_pass\) requires '_marked'.*"
@@ -54,7 +55,7 @@ def test_impossible_order_refused_before_any_step(toy_passes: SimpleNamespace) -
     assert [s.name for s in report.steps] == ["_mark_pass", "_needs_mark_pass"]
 
 
-def test_input_graph_not_mutated_and_inplace(toy_passes: SimpleNamespace) -> None:
+def test_input_graph_not_mutated_and_inplace() -> None:
     mg = small_graph()
     ref = _out(mg)
     weight = mg.model.get_submodule("0").weight.detach().clone()
@@ -69,14 +70,14 @@ def test_input_graph_not_mutated_and_inplace(toy_passes: SimpleNamespace) -> Non
     assert same is mg and torch.equal(mg.model.get_submodule("0").weight, 2 * weight)
 
 
-def test_broken_contract_stops_the_pipeline_naming_step_and_pass(toy_passes: SimpleNamespace) -> None:
+def test_broken_contract_stops_the_pipeline_naming_step_and_pass() -> None:
     pipe = Pipeline(["_exact_scale_pass", ("_exact_scale_pass", {"factor": 1.5}), "_bounded_scale_pass"],
                     name="faulty")
     with pytest.raises(ContractViolation, match=r"pipeline 'faulty': contract broken, checked after step 2 "
                                                 r"\(_exact_scale_pass\): step 2 \(_exact_scale_pass\) exact contract: "
                                                 r"max abs diff [0-9.e-]+ exceeds atol") as err:
         pipe(small_graph())
-    assert [c[0] for c in toy_passes.calls] == ["_exact_scale_pass"] * 2  # step 3 did not run
+    assert [c[0] for c in CALLS] == ["_exact_scale_pass"] * 2  # step 3 did not run
     report = err.value.report
     assert [s.name for s in report.steps] == ["_exact_scale_pass", "_exact_scale_pass"]
     assert report[0].contract.ok and report[0].contract.max_abs == 0.0
@@ -85,7 +86,7 @@ def test_broken_contract_stops_the_pipeline_naming_step_and_pass(toy_passes: Sim
     assert [s.contract.kind for s in report.steps] == ["off", "off", "off"] and report.check_forwards == 0
 
 
-def test_user_thresholds_make_a_bounded_contract_fail(toy_passes: SimpleNamespace) -> None:
+def test_user_thresholds_make_a_bounded_contract_fail() -> None:
     ok, report = Pipeline([("_bounded_scale_pass", {"factor": 1.01}, {"min_sqnr_db": 20.0})])(small_graph())
     assert report[0].contract.ok and report[0].contract.sqnr_db > 20
     assert report[0].contract.limits == {"min_sqnr_db": 20.0}
@@ -96,7 +97,7 @@ def test_user_thresholds_make_a_bounded_contract_fail(toy_passes: SimpleNamespac
         Pipeline([("_bounded_scale_pass", {"factor": 1.01}, {"max_abs": 1e-9})])(small_graph())
 
 
-def test_at_most_one_extra_forward_per_step(toy_passes: SimpleNamespace) -> None:
+def test_at_most_one_extra_forward_per_step() -> None:
     steps = ["_mark_pass", "_exact_scale_pass", "_needs_mark_pass", "_bounded_scale_pass", "_exact_scale_pass"]
     _, report = Pipeline(steps)(small_graph())
     # one baseline forward, then one per checked transform ("after", reused as the next "before", also
@@ -112,7 +113,7 @@ def test_at_most_one_extra_forward_per_step(toy_passes: SimpleNamespace) -> None
     assert [s.contract.forwards for s in report.steps] == [2, 0, 2]
 
 
-def test_report_is_data_and_a_table_and_history_records_the_pipeline(toy_passes: SimpleNamespace) -> None:
+def test_report_is_data_and_a_table_and_history_records_the_pipeline() -> None:
     mg, report = Pipeline([("_bounded_scale_pass", {"factor": 2.0}), "_exact_scale_pass"], name="demo")(small_graph())
     data = json.loads(json.dumps(report.to_json()))
     step = data["steps"][0]
@@ -129,7 +130,7 @@ def test_report_is_data_and_a_table_and_history_records_the_pipeline(toy_passes:
     assert [r.name for r in mg.history[1:]] == ["_bounded_scale_pass", "_exact_scale_pass"]
 
 
-def test_from_dict_refuses_unknown_keys(toy_passes: SimpleNamespace) -> None:
+def test_from_dict_refuses_unknown_keys() -> None:
     with pytest.raises(PipelineError, match=r"unknown pipeline key\(s\) \['stepz'\]; allowed keys"):
         Pipeline.from_dict({"stepz": []})
     with pytest.raises(PipelineError, match=r"step 1: unknown key\(s\) \['arg'\]; allowed keys"):
