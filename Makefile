@@ -20,11 +20,11 @@ $(VENV_STAMP): requirements.txt constraints.txt pyproject.toml
 demo: $(VENV_STAMP)
 	$(PY) -m fxforge.examples.demo
 
-test: $(VENV_STAMP)
+test: lint
 	$(PY) -m pytest -q tests
 
 lint: $(VENV_STAMP)
-	.venv/bin/ruff check .
+	$(PY) -m ruff check .
 
 clean-venv:
 	rm -rf .venv

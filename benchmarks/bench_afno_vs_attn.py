@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
 
 from ..models.gpt import GPT, GPTConfig, lm_loss
+from .timing import interleaved
 
 MIXERS = (("attn", "causal"), ("afno", "causal"), ("afno", "pad2n"))
 
@@ -30,17 +30,10 @@ def fwd_bwd_seconds(model: GPT, idx: torch.Tensor) -> float:
 
 def time_interleaved(models: dict[str, GPT], batch: int, length: int, repeats: int) -> dict[str, float]:
     """Median fwd+bwd seconds per model; models alternate within each round so load drift hits all alike."""
-    if repeats <= 0:
-        raise ValueError("repeats must be positive")
     vocab = next(iter(models.values())).config.vocab_size
     idx = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for round_ in range(repeats + 1):  # round 0 is the warm-up
-        for name, model in models.items():
-            seconds = fwd_bwd_seconds(model, idx)
-            if round_:
-                times[name].append(seconds)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    variants = {name: (lambda m=model: fwd_bwd_seconds(m, idx)) for name, model in models.items()}
+    return interleaved(variants, repeats, warmup=1).medians()
 
 
 def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:

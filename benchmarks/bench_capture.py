@@ -12,29 +12,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import time  # noqa: E402
 
 import torch  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
-from fxforge.examples.demo import load_minilm_classifier  # noqa: E402
-
-
-def _best_time(fn, repeats: int = 7) -> float:
-    """Best wall time of ``fn()`` over ``repeats`` runs after two warm-ups (robust to a busy machine)."""
-    fn()
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+from fxforge.benchmarks.timing import best_time  # noqa: E402
+from fxforge.models.bert import minilm_for_sequence_classification  # noqa: E402
 
 
 def main() -> None:
-    model = load_minilm_classifier().eval()
+    model = minilm_for_sequence_classification(seed=0).eval()
     gen = torch.Generator().manual_seed(0)
     inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (8, 128), generator=gen),
               "attention_mask": torch.ones(8, 128, dtype=torch.long), "labels": torch.zeros(8, dtype=torch.long)}
     with torch.no_grad():
-        t_forward = _best_time(lambda: model(**inputs))
+        t_forward = best_time(lambda: model(**inputs))
 
     t0 = time.perf_counter()
     mg = ForgeGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])
@@ -45,7 +35,7 @@ def main() -> None:
     t_meta = time.perf_counter() - t0
     mg.eval()
     with torch.no_grad():
-        t_graph = _best_time(lambda: mg(**inputs))
+        t_graph = best_time(lambda: mg(**inputs))
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(f"eager forward (batch 8, len 128, best):  {t_forward * 1e3:8.1f} ms")

@@ -15,12 +15,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 
 import torch  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
-from fxforge.examples.lora_finetune import HF_NAMES, LORA_ARGS, fresh_minilm, inference_times  # noqa: E402
+from fxforge.benchmarks.timing import interleaved  # noqa: E402
+from fxforge.models.bert import minilm_for_sequence_classification  # noqa: E402
 from fxforge.passes.transform.lora import lora_layers  # noqa: E402
+
+HF_NAMES = ["input_ids", "attention_mask", "labels"]
+LORA_ARGS = {"rank": 8, "alpha": 16.0, "dropout": 0.1, "trainable": {"name": "classifier"}}  # as the LoRA example
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args(argv)
 
-    base = ForgeGraph(fresh_minilm(), hf_input_names=HF_NAMES).eval()
-    unfused = ForgeGraph(fresh_minilm(), hf_input_names=HF_NAMES).eval()
+    base = ForgeGraph(minilm_for_sequence_classification(seed=0), hf_input_names=HF_NAMES).eval()
+    unfused = ForgeGraph(minilm_for_sequence_classification(seed=0), hf_input_names=HF_NAMES).eval()
     passes.insert_lora_adapter_transform_pass(unfused, LORA_ARGS)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # stand-in for training: non-zero adapters
@@ -44,9 +48,11 @@ def main(argv: list[str] | None = None) -> int:
               "labels": torch.zeros(args.batch, dtype=torch.long)}
     with torch.no_grad():
         diff = (fused(**inputs).logits - unfused(**inputs).logits).abs().max().item()
-    times = inference_times({"base": base, "unfused": unfused, "fused": fused}, inputs, args.repeats)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    pair = statistics.median(f / b for f, b in zip(times["fused"], times["base"]))
+    with torch.no_grad():
+        timings = interleaved({k: (lambda g=g: g(**inputs)) for k, g in
+                               (("base", base), ("unfused", unfused), ("fused", fused))}, args.repeats)
+    med = timings.medians()
+    pair = timings.pair_ratio("fused", "base")
     print(f"MiniLM eval forward, batch {args.batch} x {args.seq}, {args.repeats} interleaved repetitions, "
           f"{torch.get_num_threads()} threads: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items()))
     print(f"max |fused - unfused| logits = {diff:.2e}")

@@ -24,16 +24,13 @@ from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
+from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.models.bert import minilm_for_sequence_classification  # noqa: E402
 from fxforge.passes.transform.lora import lora_layers  # noqa: E402
 
 TARGETS = ["query", "key", "value", "dense"]
-
-
-def fresh_minilm() -> nn.Module:
-    torch.manual_seed(0)  # same classifier head every time
-    return minilm_for_sequence_classification(num_labels=2)
 
 
 def peft_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -88,11 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from peft import LoraConfig, get_peft_model
 
-    ours = ForgeGraph(fresh_minilm(), hf_input_names=["input_ids", "attention_mask", "labels"])
+    ours = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0),
+                      hf_input_names=["input_ids", "attention_mask", "labels"])
     _, info = passes.insert_lora_adapter_transform_pass(ours, {
         "rank": args.rank, "alpha": args.alpha, "dropout": args.dropout, "targets": {"name": TARGETS},
         "trainable": {"name": "classifier"}})
-    peft_model = get_peft_model(fresh_minilm(), LoraConfig(
+    peft_model = get_peft_model(minilm_for_sequence_classification(num_labels=2, seed=0), LoraConfig(
         r=args.rank, lora_alpha=args.alpha, lora_dropout=args.dropout, target_modules=TARGETS,
         modules_to_save=["classifier"]))
     n = copy_adapters_into_peft(ours, peft_model)
@@ -109,20 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     peft_model.train()
     step_ours = make_step(ours, [p for p in ours.model.parameters() if p.requires_grad], inputs)
     step_peft = make_step(peft_model, [p for p in peft_model.parameters() if p.requires_grad], inputs)
-    for _ in range(3):  # warm-up (allocator, AdamW state)
-        step_ours()
-        step_peft()
-    t_ours: list[float] = []
-    t_peft: list[float] = []
-    for i in range(args.steps):
-        if i % 2:
-            t_peft.append(step_peft())
-            t_ours.append(step_ours())
-        else:
-            t_ours.append(step_ours())
-            t_peft.append(step_peft())
-    ratio = statistics.median(t_ours) / statistics.median(t_peft)
-    pair = statistics.median(a / b for a, b in zip(t_ours, t_peft))
+    timings = interleaved({"ours": step_ours, "peft": step_peft}, args.steps, warmup=3)  # allocator, AdamW state
+    t_ours, t_peft = timings.times["ours"], timings.times["peft"]
+    ratio, pair = timings.ratio("ours", "peft"), timings.pair_ratio("ours", "peft")
     print(f"train step (batch {args.batch} x {args.seq}, {torch.get_num_threads()} threads): "
           f"fxforge median {statistics.median(t_ours) * 1e3:.1f} ms, PEFT median "
           f"{statistics.median(t_peft) * 1e3:.1f} ms")

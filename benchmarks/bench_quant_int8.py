@@ -16,12 +16,13 @@ import argparse
 import json
 import os
 import statistics
-import time
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+
+from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402
     calibrate_analysis_pass,
@@ -49,17 +50,8 @@ def int8_graph(model: torch.nn.Module, backend: str, static: bool, calib: list[d
 
 
 def time_variants(variants: dict[str, Any], inputs: dict[str, torch.Tensor], rounds: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    with torch.inference_mode():
-        for fn in variants.values():  # warm up (packing, allocator)
-            fn(**inputs)
-            fn(**inputs)
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                start = time.perf_counter()
-                fn(**inputs)
-                times[name].append(time.perf_counter() - start)
-    return times
+    with torch.inference_mode():  # the warm-up rounds pack kernels and settle the allocator
+        return interleaved({k: (lambda fn=fn: fn(**inputs)) for k, fn in variants.items()}, rounds).times
 
 
 def main() -> None:

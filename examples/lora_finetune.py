@@ -31,20 +31,15 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
+from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.data import get_tokenized_dataset, get_trainer  # noqa: E402
 from fxforge.models.bert import MINILM_NAME, minilm_for_sequence_classification  # noqa: E402
 from fxforge.passes.lora_checkpoint import save_lora_adapters  # noqa: E402
 
 HF_NAMES = ["input_ids", "attention_mask", "labels"]
 LORA_ARGS: dict[str, Any] = {"rank": 8, "alpha": 16.0, "dropout": 0.1, "trainable": {"name": "classifier"}}
-
-
-def fresh_minilm() -> nn.Module:
-    """Pretrained MiniLM-L6 with the same freshly initialised 2-way head on every call."""
-    torch.manual_seed(0)
-    return minilm_for_sequence_classification(num_labels=2)
 
 
 def _rss_bytes() -> int:
@@ -106,26 +101,17 @@ def evaluate_accuracy(model: Any, dataset: Any, tokenizer: Any, batch_size: int 
 def inference_times(graphs: dict[str, ForgeGraph], inputs: dict[str, torch.Tensor],
                     repeats: int) -> dict[str, list[float]]:
     """Interleaved eval forward times (order rotates every repetition) after two warm-ups each."""
-    times: dict[str, list[float]] = {k: [] for k in graphs}
-    names = list(graphs)
+    for g in graphs.values():
+        g.eval()
     with torch.no_grad():
-        for g in graphs.values():
-            g.eval()
-            g(**inputs)
-            g(**inputs)
-        for i in range(repeats):
-            for name in names[i % len(names):] + names[:i % len(names)]:
-                t0 = time.perf_counter()
-                graphs[name](**inputs)
-                times[name].append(time.perf_counter() - t0)
-    return times
+        return interleaved({k: (lambda g=g: g(**inputs)) for k, g in graphs.items()}, repeats).times
 
 
 def run_variant(mode: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """Train one variant ('full' or 'lora') and measure it; runs in its own process."""
     ds, tok = get_tokenized_dataset("imdb", checkpoint=MINILM_NAME, return_tokenizer=True,
                                     max_length=cfg["max_length"], limit=cfg["train"], test_limit=cfg["test"])
-    mg = ForgeGraph(fresh_minilm(), hf_input_names=HF_NAMES)
+    mg = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0), hf_input_names=HF_NAMES)
     if mode == "lora":
         passes.insert_lora_adapter_transform_pass(mg, LORA_ARGS)
     _, params = passes.report_trainable_parameters_analysis_pass(mg, {"show": False})
@@ -153,7 +139,7 @@ def run_variant(mode: str, cfg: dict[str, Any]) -> dict[str, Any]:
             result["adapter_kib"] = sum(f.stat().st_size for f in path.iterdir()) / 1024
         passes.fuse_lora_weights_transform_pass(mg)
         result["fused_accuracy"] = evaluate_accuracy(mg, ds["test"], tok)
-        base = ForgeGraph(fresh_minilm(), hf_input_names=HF_NAMES)
+        base = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0), hf_input_names=HF_NAMES)
         batch = tok.pad([{"input_ids": ds["test"][i]["input_ids"]} for i in range(cfg["batch"])],
                         padding="max_length", max_length=cfg["max_length"], return_tensors="pt")
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
@@ -172,7 +158,7 @@ def demo(workdir: Path, train: int = 800, test: int = 200, max_length: int = 128
     """
     ds, tok = get_tokenized_dataset("imdb", checkpoint=MINILM_NAME, return_tokenizer=True, max_length=max_length,
                                     limit=train, test_limit=test)
-    mg = ForgeGraph(fresh_minilm(), hf_input_names=HF_NAMES).eval()
+    mg = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0), hf_input_names=HF_NAMES).eval()
     acc_before = evaluate_accuracy(mg, ds["test"], tok)
     _, info = passes.insert_lora_adapter_transform_pass(mg, LORA_ARGS)
     print(f"[LoRA 1/4] rank-{LORA_ARGS['rank']} adapters on {len(info['adapted'])} Linear layers + trainable head: "

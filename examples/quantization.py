@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+
+from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.data import get_tokenized_dataset, get_trainer  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402
@@ -111,8 +112,9 @@ def accuracy(model: Any, data: list[dict[str, torch.Tensor]]) -> float:
 
 def finetune(args: argparse.Namespace, ds: Any, tokenizer: Any) -> torch.nn.Module:
     """The fp32 MiniLM IMDb classifier: from the cache, or fine-tuned now and cached."""
-    from fxforge.models.bert import minilm_for_sequence_classification
     from transformers import AutoModelForSequenceClassification
+
+    from fxforge.models.bert import minilm_for_sequence_classification
 
     cache = Path(args.cache_dir) / f"minilm-imdb-{args.train}-{args.length}"
     if (cache / "config.json").is_file():
@@ -146,17 +148,9 @@ def speed(fp32: ForgeGraph, int8: ForgeGraph, rounds: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     x = {"input_ids": torch.randint(1000, 20000, (8, 128), generator=gen),
          "attention_mask": torch.ones(8, 128, dtype=torch.long), "labels": torch.zeros(8, dtype=torch.long)}
-    times: dict[str, list[float]] = {"fp32": [], "int8": []}
     with torch.inference_mode():
-        for g in (fp32, int8):
-            g(**x)
-            g(**x)
-        for _ in range(rounds):
-            for name, g in (("fp32", fp32), ("int8", int8)):
-                start = time.perf_counter()
-                g(**x)
-                times[name].append(time.perf_counter() - start)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        timings = interleaved({"fp32": lambda: fp32(**x), "int8": lambda: int8(**x)}, rounds)
+    med = {k: v * 1e3 for k, v in timings.medians().items()}
     return {"fp32_ms": med["fp32"], "int8_ms": med["int8"], "speedup": med["fp32"] / med["int8"]}
 
 

@@ -65,10 +65,15 @@ def tiny_bert(
     return BertForSequenceClassification(config)
 
 
-def minilm_for_sequence_classification(num_labels: int = 2) -> PreTrainedModel:
-    """Pretrained MiniLM encoder from the offline package plus a new, randomly initialised classifier head."""
+def minilm_for_sequence_classification(num_labels: int = 2, seed: int | None = None) -> PreTrainedModel:
+    """Pretrained MiniLM encoder from the offline package plus a new, randomly initialised classifier head.
+
+    ``seed``: seed the global RNG first, so every call gets the same head (comparisons between runs).
+    """
     if num_labels < 1:
         raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+    if seed is not None:
+        torch.manual_seed(seed)
     return AutoModelForSequenceClassification.from_pretrained(str(minilm_path()), num_labels=num_labels)
 
 

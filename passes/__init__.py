@@ -4,7 +4,7 @@ from .analysis.count_op import count_op_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
-from .base import PASSES, PassArgsError, PassError, forge_pass, get_pass
+from .base import PASS_ALIASES, PASSES, PassArgsError, PassError, forge_pass, get_pass
 from .contract import (
     ContractError,
     EmptyInfo,
@@ -16,6 +16,7 @@ from .contract import (
 )
 from .quantize import (
     calibrate_analysis_pass,
+    calibrate_transform_pass,
     lower_int8_transform_pass,
     quantization_report_analysis_pass,
     quantize_transform_pass,
@@ -26,6 +27,7 @@ from .transform.remove_dropout import remove_dropout_transform_pass
 
 __all__ = [
     "PASSES",
+    "PASS_ALIASES",
     "PassArgsError",
     "PassError",
     "ContractError",
@@ -49,6 +51,7 @@ __all__ = [
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
     "calibrate_analysis_pass",
+    "calibrate_transform_pass",
     "quantization_report_analysis_pass",
     "lower_int8_transform_pass",
 ]

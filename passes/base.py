@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ..graph.forge_graph import ForgeGraph, PassRecord
-from .contract import NumericalContract, PassSpec, check_declared, holds, jsonable, requirement_errors
+from .contract import NumericalContract, PassInfo, PassSpec, check_declared, holds, jsonable, requirement_errors
 
 PassKind = Literal["analysis", "transform"]
 PASS_KINDS: tuple[str, ...] = ("analysis", "transform")
@@ -43,6 +43,7 @@ A = TypeVar("A")
 PassFn = Callable[..., tuple[Any, Any]]
 
 PASSES: dict[str, PassFn] = {}
+PASS_ALIASES: dict[str, str] = {}  # old public name -> registered name (same pass, listed once in PASSES)
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -85,11 +86,21 @@ def _coerce(value: Any, hint: Any) -> Any:
 
 
 def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] | None) -> A:
-    """Validate ``pass_args`` against the dataclass ``args_type`` and build a fresh instance."""
+    """Validate ``pass_args`` against the dataclass ``args_type`` and build a fresh instance.
+
+    An args type with a ``from_pass_args(mapping)`` classmethod parses free-form configs itself (e.g.
+    MASE's quantization config keyed by op names); its ValueError becomes a PassArgsError.
+    """
     if pass_args is None:
         pass_args = {}
     if isinstance(pass_args, args_type):
         return pass_args
+    parse = getattr(args_type, "from_pass_args", None)
+    if parse is not None:
+        try:
+            return parse(pass_args)
+        except (TypeError, ValueError) as exc:
+            raise PassArgsError(f"{pass_name}: {exc}") from None
     if not isinstance(pass_args, Mapping):
         raise PassArgsError(f"{pass_name}: pass_args must be a dict or None, got {type(pass_args).__name__}")
     fields = {f.name: f for f in dataclasses.fields(args_type)}  # type: ignore[arg-type]
@@ -120,13 +131,14 @@ def forge_pass(
     kind: PassKind,
     args_type: type[Any] = NoArgs,
     *,
-    info: type[Any] | None = None,
+    info: type[PassInfo] | None = None,
     requires: Iterable[str] = (),
     forbids: Iterable[str] = (),
     ensures: Iterable[str] = (),
     invalidates: Iterable[str] = (),
     contract: NumericalContract | None = None,
     accepts_module: bool = False,
+    aliases: Iterable[str] = (),
 ):
     """Decorator turning ``fn(graph, args: args_type) -> (graph, info)`` into a registered pass.
 
@@ -135,18 +147,23 @@ def forge_pass(
     those it makes true (checked after), ``invalidates`` those it may make false; pipelines check a
     whole order against these before running. ``contract`` is a transform's numerical promise.
     ``accepts_module`` lets an analysis pass also take a bare nn.Module (MASE calls some on ``mg.model``).
+    ``aliases``: former public names that :func:`get_pass` still resolves to this pass.
     """
     if kind not in PASS_KINDS:
         raise ValueError(f"pass kind must be one of {PASS_KINDS}, got {kind!r}")
+    if not (isinstance(info, type) and issubclass(info, PassInfo)):
+        raise ValueError(f"info= must be the pass's frozen PassInfo subclass (passes/contract.py), got {info!r}")
     if contract is not None and kind != "transform":
         raise ValueError("only transform passes declare a numerical contract")
 
     def wrap(fn: Callable[[Any, Any], tuple[Any, Any]]) -> PassFn:
         name = fn.__name__
-        if name in PASSES:
-            raise ValueError(f"a pass named {name!r} is already registered")
+        names = (name, *aliases)
+        taken = [n for n in names if n in PASSES or n in PASS_ALIASES]
+        if taken:
+            raise ValueError(f"a pass named {taken[0]!r} is already registered")
         spec = PassSpec(
-            name=name, kind=kind, args_type=args_type, info_type=info if info is not None else object,
+            name=name, kind=kind, args_type=args_type, info_type=info,
             requires=check_declared(requires, name), forbids=check_declared(forbids, name),
             ensures=check_declared(ensures, name), invalidates=check_declared(invalidates, name),
             contract=contract,
@@ -154,10 +171,10 @@ def forge_pass(
 
         @functools.wraps(fn)
         def run(graph: Any, pass_args: Any = None) -> tuple[Any, Any]:
+            args = build_args(name, args_type, pass_args)  # bad arguments are reported first
             is_graph = isinstance(graph, ForgeGraph)
             if not is_graph and not (accepts_module and isinstance(graph, nn.Module)):
                 raise TypeError(f"{name}: expected a ForgeGraph, got {type(graph).__name__}")
-            args = build_args(name, args_type, pass_args)
             if is_graph:
                 errors = requirement_errors(spec, lambda p: holds(p, graph), PASSES)
                 if errors:
@@ -170,7 +187,7 @@ def forge_pass(
                 raise
             except Exception as exc:
                 raise PassError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
-            if info is not None and not isinstance(result, info):
+            if not isinstance(result, info):
                 raise PassError(f"{name} returned info of type {type(result).__name__}, declared {info.__name__}")
             if is_graph:
                 broken = [p for p in spec.ensures if not holds(p, out)]
@@ -184,13 +201,22 @@ def forge_pass(
         run.args_type = args_type  # type: ignore[attr-defined]
         run.spec = spec  # type: ignore[attr-defined]
         PASSES[name] = run
+        PASS_ALIASES.update(dict.fromkeys(aliases, name))
         return run
 
     return wrap
 
 
 def get_pass(name: str) -> PassFn:
-    """A registered pass by name; KeyError listing the registered ones."""
+    """A registered pass by name (or former name); KeyError listing the registered ones."""
+    name = PASS_ALIASES.get(name, name)
     if name not in PASSES:
         raise KeyError(f"no pass named {name!r}; registered: {sorted(PASSES)}")
     return PASSES[name]
+
+
+def unregister_pass(name: str) -> None:
+    """Remove a pass and its aliases from the registry (tests registering scratch passes clean up with it)."""
+    PASSES.pop(name, None)
+    for alias in [a for a, target in PASS_ALIASES.items() if target == name]:
+        del PASS_ALIASES[alias]

@@ -9,6 +9,7 @@ nodes get exactly what a fresh metadata pass would record without running the mo
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Iterable
 from typing import Any
@@ -154,53 +155,82 @@ def has_values(gm: fx.GraphModule) -> bool:
     return any(has_meta(n) and get_meta(n).common.results for n in gm.graph.nodes)
 
 
-def _derive_one(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any], make: Any) -> None:
-    interp = fx.Interpreter(gm, garbage_collect_values=False)
+def _fake(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype)
+
+
+class _OneNode(fx.Interpreter):
+    """Runs one node; a call_module runs on a copy of its module, so nothing the run caches (packed
+    kernels, quantized weights) or mutates leaks into the graph, and fake tensors never stick."""
+
+    def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return copy.deepcopy(self.fetch_attr(str(target)))(*args, **kwargs)
+
+
+def _run_one(gm: fx.GraphModule, node: fx.Node, make: Any) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    interp = _OneNode(gm, garbage_collect_values=False)
     for inp in node.all_input_nodes:
-        interp.env[inp] = env[inp] if inp in env else _node_value(inp, gm, make)
+        interp.env[inp] = _node_value(inp, gm, make)
     args, kwargs = interp.fetch_args_kwargs_from_env(node)
-    result = interp.run_node(node) if node.op != "output" else args[0]
-    env[node] = result
-    if node.op == "get_attr":
-        args, kwargs = (), {}
+    if node.op == "output":
+        return args, kwargs, args[0]
+    result = interp.run_node(node)
+    return ((), {}, result) if node.op == "get_attr" else (args, kwargs, result)
+
+
+def _derive_one(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Record ``node``'s values computed from its inputs' metadata; False when it cannot run."""
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            args, kwargs, result = _run_one(gm, node, _fake)
+    except Underivable:
+        return False
+    except Exception:  # noqa: BLE001 -- no fake implementation (e.g. data-dependent scales): run on zeros
+        try:
+            args, kwargs, result = _run_one(gm, node, _zeros)
+        except Exception:  # noqa: BLE001 -- the op refuses to run now (e.g. an uncalibrated quantizer)
+            return False
     record_node(node, gm, args, kwargs, result)
+    return True
 
 
-def derive_nodes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> None:
+def derive_nodes(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> list[fx.Node]:
     """Re-derive ``nodes``' metadata (identity and values) from what their inputs record.
 
-    Nodes run in graph order on fake tensors of their inputs' recorded shapes (real zeros when an op
-    cannot run on fake tensors, e.g. data-dependent quantizer scales), in eval mode without grad, so
-    the result equals a fresh add_common_metadata_analysis_pass. When a node's results change, its
-    users are re-derived too. Raises :class:`Underivable` when an input records no value.
+    Nodes run one by one in graph order on fake tensors of their inputs' recorded shapes (real zeros
+    when an op has no fake implementation), in eval mode without grad, so the result equals a fresh
+    add_common_metadata_analysis_pass. When a node's results change, its users are re-derived too.
+    Software/hardware records stay. A node that cannot run (an input without values, an op that
+    refuses, e.g. an uncalibrated static quantizer) keeps its identity only, without values, as a
+    fresh pass could not record them either; the nodes left so are returned.
     """
+    pending = set(nodes)
+    missing: list[fx.Node] = []
     was_training = gm.training
     gm.eval()
-    wanted = list(nodes)
     try:
         with torch.no_grad():
-            try:
-                with FakeTensorMode(allow_non_fake_inputs=True):
-                    _derive(gm, wanted, lambda s, d: torch.empty(s, dtype=d))
-            except Underivable:
-                raise
-            except Exception:  # noqa: BLE001 -- an op without a fake implementation: run it for real
-                _derive(gm, wanted, lambda s, d: torch.zeros(s, dtype=d))
+            for node in gm.graph.nodes:
+                if node not in pending:
+                    continue
+                old = get_meta(node) if has_meta(node) else None
+                before = old.common.to_json()["results"] if old is not None else None
+                init_node(node, gm)
+                if old is not None:
+                    get_meta(node).software, get_meta(node).hardware = old.software, old.hardware
+                if not _derive_one(gm, node):
+                    missing.append(node)
+                if get_meta(node).common.to_json()["results"] != before:
+                    pending.update(node.users)
     finally:
         gm.train(was_training)
+    return missing
 
 
-def _derive(gm: fx.GraphModule, nodes: list[fx.Node], make: Any) -> None:
-    pending = set(nodes)
-    env: dict[fx.Node, Any] = {}
-    for node in gm.graph.nodes:
-        if node not in pending:
-            continue
-        old = get_meta(node) if has_meta(node) else None
-        before = old.common.to_json() if old is not None else None
-        init_node(node, gm)
-        if old is not None:
-            get_meta(node).software, get_meta(node).hardware = old.software, old.hardware
-        _derive_one(gm, node, env, make)
-        if get_meta(node).common.to_json()["results"] != (before or {}).get("results"):
-            pending.update(node.users)
+def incomplete_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """Nodes whose values are missing (and the output node), for re-deriving after a state change."""
+    return [n for n in gm.graph.nodes if n.op == "output" or not (has_meta(n) and get_meta(n).common.results)]

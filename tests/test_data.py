@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fxforge.data import (
     TokenizedSplit,
     get_tokenized_dataset,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
 from ..base import forge_pass
+from ..contract import PassInfo
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,16 @@ class CountOpArgs:
     ops: tuple[str, ...] | None = None
 
 
-@forge_pass("analysis", CountOpArgs)
-def count_op_analysis_pass(graph: ForgeGraph, args: CountOpArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+@dataclass(frozen=True)
+class CountOpInfo(PassInfo):
+    """counts: nodes per canonical op (sorted by op); total: their sum."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+
+
+@forge_pass("analysis", CountOpArgs, info=CountOpInfo)
+def count_op_analysis_pass(graph: ForgeGraph, args: CountOpArgs) -> tuple[ForgeGraph, CountOpInfo]:
     """Count call nodes by canonical op; info = {"counts": {op: n}, "total": n}."""
     counts: Counter[str] = Counter()
     for node in graph.model.graph.nodes:
@@ -31,4 +39,4 @@ def count_op_analysis_pass(graph: ForgeGraph, args: CountOpArgs) -> tuple[ForgeG
     if args.ops is not None:
         for op in args.ops:
             counts.setdefault(op, 0)
-    return graph, {"counts": dict(sorted(counts.items())), "total": sum(counts.values())}
+    return graph, CountOpInfo(counts=dict(sorted(counts.items())), total=sum(counts.values()))

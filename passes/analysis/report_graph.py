@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
-from ...graph.metadata import ValueMeta, has_meta
+from ...graph.metadata import ValueMeta, get_meta, has_meta
 from ..base import forge_pass
+from ..contract import PassInfo
 from .table import format_table
 
 
@@ -28,13 +28,21 @@ def _describe(values: dict[str, ValueMeta]) -> tuple[str, str]:
     return shapes, dtypes
 
 
-@forge_pass("analysis", ReportGraphArgs)
-def report_graph_analysis_pass(graph: ForgeGraph, args: ReportGraphArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+@dataclass(frozen=True)
+class ReportGraphInfo(PassInfo):
+    """table: the rendered table; rows: one dict of strings per node."""
+
+    table: str
+    rows: list[dict[str, str]] = field(default_factory=list)
+
+
+@forge_pass("analysis", ReportGraphArgs, info=ReportGraphInfo)
+def report_graph_analysis_pass(graph: ForgeGraph, args: ReportGraphArgs) -> tuple[ForgeGraph, ReportGraphInfo]:
     """Tabulate node, kind, op, target, input/output shapes and output dtypes (shapes need metadata)."""
     rows: list[dict[str, str]] = []
     for node in graph.model.graph.nodes:
         if has_meta(node):
-            common = node.meta["fxforge"].common
+            common = get_meta(node).common
             kind, op = common.kind, common.op
             in_shapes, _ = _describe({k: v for k, v in common.args.items() if k.startswith("data_in")})
             out_shapes, out_dtypes = _describe(common.results)
@@ -50,4 +58,4 @@ def report_graph_analysis_pass(graph: ForgeGraph, args: ReportGraphArgs) -> tupl
         print(table)
     if args.file is not None:
         Path(args.file).write_text(table + "\n", encoding="utf-8")
-    return graph, {"table": table, "rows": rows}
+    return graph, ReportGraphInfo(table=table, rows=rows)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
 from ..base import forge_pass
+from ..contract import PassInfo
 from .table import format_table
 
 
@@ -19,10 +20,22 @@ class TrainableParamsArgs:
     show: bool = True
 
 
-@forge_pass("analysis", TrainableParamsArgs, accepts_module=True)
+@dataclass(frozen=True)
+class TrainableParamsInfo(PassInfo):
+    """rows: per owning module {module, type, trainable, frozen}; totals; the rendered table."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    trainable: int = 0
+    frozen: int = 0
+    total: int = 0
+    trainable_percent: float = 0.0
+    table: str = ""
+
+
+@forge_pass("analysis", TrainableParamsArgs, info=TrainableParamsInfo, accepts_module=True)
 def report_trainable_parameters_analysis_pass(
     graph: ForgeGraph | nn.Module, args: TrainableParamsArgs
-) -> tuple[ForgeGraph | nn.Module, dict[str, Any]]:
+) -> tuple[ForgeGraph | nn.Module, TrainableParamsInfo]:
     """Count parameters per module that owns them (tied parameters counted once, at first owner).
 
     Accepts a ForgeGraph or, as in MASE's tutorial, a bare module (``mg.model``).
@@ -51,5 +64,5 @@ def report_trainable_parameters_analysis_pass(
     table = format_table(rows) + f"\ntrainable {n_train:,} / total {total:,} ({percent:.2f}%)"
     if args.show:
         print(table)
-    return graph, {"rows": rows, "trainable": n_train, "frozen": n_frozen, "total": total,
-                   "trainable_percent": percent, "table": table}
+    return graph, TrainableParamsInfo(rows=rows, trainable=n_train, frozen=n_frozen, total=total,
+                                      trainable_percent=percent, table=table)

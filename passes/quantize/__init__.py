@@ -1,7 +1,7 @@
 """Quantization: number formats, MASE-config quantize pass, calibration, QAT, report, int8 lowering."""
 
 from .attention import QuantizedSDPA
-from .calibrate import calibrate_analysis_pass
+from .calibrate import calibrate_analysis_pass, calibrate_transform_pass
 from .config import OpQuantConfig, QuantizeConfig, QuantizeConfigError, RoleSpec
 from .formats import FORMATS, ROLES
 from .lower import Int8Linear, lower_int8_transform_pass
@@ -29,6 +29,7 @@ __all__ = [
     "QuantizedSDPA",
     "RoleSpec",
     "calibrate_analysis_pass",
+    "calibrate_transform_pass",
     "lower_int8_transform_pass",
     "quantization_report_analysis_pass",
     "quantize_transform_pass",

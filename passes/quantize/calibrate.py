@@ -1,4 +1,7 @@
-"""calibrate_analysis_pass: PTQ calibration of activation quantizers over a few batches.
+"""calibrate_transform_pass: PTQ calibration of activation quantizers over a few batches.
+
+It sets quantizer scales (module state), so it is a transform; ``calibrate_analysis_pass`` is its
+former name, kept as an alias of the same registered pass (``get_pass`` resolves both).
 
 The graph runs in eval mode with every quantizer turned into an observer (activations stay fp32,
 as with PyTorch observers), so each quantizer sees the float distribution of its tensor. The range
@@ -13,16 +16,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.fx as fx
 
 from ...graph.forge_graph import ForgeGraph
-from ...graph.metadata import get_meta, has_meta
+from ...graph.metadata import get_meta
 from ..base import forge_pass
 from ..batching import iter_batches, run_batch
-from .quantizer import Observer, Quantize
-from .records import CalibrationRecord, QuantizationRecord
+from ..contract import NumericalContract, PassInfo
+from ..rewrite import complete_metadata
+from .quantizer import Observer
+from .records import CalibrationRecord
+from .state import activation_quantizers, quantized_nodes
 
-__all__ = ["calibrate_analysis_pass", "CalibrateArgs", "iter_batches", "run_batch", "quantized_nodes"]
+__all__ = ["calibrate_transform_pass", "calibrate_analysis_pass", "CalibrateArgs", "CalibrateInfo"]
 
 
 @dataclass(frozen=True)
@@ -43,15 +48,16 @@ class CalibrateArgs:
             raise ValueError(f"num_batches must be >= 1 or None, got {self.num_batches}")
 
 
-def quantized_nodes(gm: fx.GraphModule) -> list[tuple[fx.Node, QuantizationRecord]]:
-    """(node, record) for every node the quantize pass recorded."""
-    out = []
-    for node in gm.graph.nodes:
-        if has_meta(node):
-            rec = get_meta(node).software.get(QuantizationRecord)
-            if rec is not None:
-                out.append((node, rec))
-    return out
+@dataclass(frozen=True)
+class CalibrateInfo(PassInfo):
+    """batches run; observed: activation quantizers that saw data; scales_set: static scaled-integer
+    quantizers whose scale was fixed; unseen: quantizers no batch reached; nodes: nodes given a record."""
+
+    batches: int
+    observed: int
+    scales_set: int
+    unseen: int
+    nodes: int
 
 
 def _jsonable(t: torch.Tensor) -> float | list[float]:
@@ -59,14 +65,16 @@ def _jsonable(t: torch.Tensor) -> float | list[float]:
     return float(t) if t.dim() == 0 else [float(v) for v in t.reshape(-1)]
 
 
-@forge_pass("analysis", CalibrateArgs)
-def calibrate_analysis_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+@forge_pass("transform", CalibrateArgs, info=CalibrateInfo, requires=("quantized",), ensures=("calibrated",),
+            contract=NumericalContract("bounded", note="fixes static scales: the quantization error changes"),
+            aliases=("calibrate_analysis_pass",))
+def calibrate_transform_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[ForgeGraph, CalibrateInfo]:
     """Calibrate every activation quantizer; returns how many quantizers got a range and a scale."""
     gm = graph.model
     owners = {path: (node, key) for node, rec in quantized_nodes(gm) for key, path in rec.quantizers.items()}
-    quantizers = {path: q for path, q in gm.named_modules() if isinstance(q, Quantize) and not q.is_param}
+    quantizers = activation_quantizers(gm)
     if not quantizers:
-        raise ValueError("the graph has no activation quantizers: run quantize_transform_pass first")
+        raise ValueError("the graph has no activation quantizers (only weights are quantized): nothing to calibrate")
     for q in quantizers.values():
         q.observer = Observer(args.method, args.percentile, q.channel_axis if q.per_channel else None)
     was_training = gm.training
@@ -108,5 +116,11 @@ def calibrate_analysis_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[For
         for q in quantizers.values():
             q.observer = None
         gm.train(was_training)
-    return graph, {"batches": batches, "observed": len(quantizers) - unseen, "scales_set": scaled,
-                   "unseen": unseen, "nodes": len(records)}
+    complete_metadata(gm)  # quantizers that could not run uncalibrated now can: record their values
+    return graph, CalibrateInfo(batches=batches, observed=len(quantizers) - unseen, scales_set=scaled,
+                                unseen=unseen, nodes=len(records))
+
+
+calibrate_analysis_pass = calibrate_transform_pass
+"""Former name of :func:`calibrate_transform_pass` (the same registered pass): calibration sets
+quantizer scales, so it is a transform."""

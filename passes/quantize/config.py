@@ -176,6 +176,11 @@ class QuantizeConfig:
             rules.append((key, cls._entry(entry, key)))
         return cls(by=by, default=default, rules=tuple(rules))
 
+    @classmethod
+    def from_pass_args(cls, pass_args: Any) -> QuantizeConfig:
+        """The pass decorator's hook: parse the free-form MASE config (errors become PassArgsError)."""
+        return cls.from_dict(pass_args)
+
     @staticmethod
     def _entry(entry: Any, key: str) -> OpQuantConfig | None:
         if not isinstance(entry, Mapping) or set(entry) != {"config"}:

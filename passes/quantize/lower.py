@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -35,12 +35,16 @@ from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
 from ...graph.metadata import get_meta, has_meta
 from ..base import forge_pass
-from ..transform.inject import inject_modules
+from ..contract import NumericalContract, PassInfo, register_property
+from ..rewrite import GraphRewrite, inject_modules
+from ..select import iter_layers
 from .fixed import scale_zero_point, tensor_range
 from .modules import QuantizedLinear
-from .records import LoweringRecord, QuantizationRecord
+from .records import LoweringRecord
+from .state import quantized_nodes
 
-__all__ = ["Int8Linear", "lower_int8_transform_pass", "LowerInt8Args", "BACKENDS", "lowerable", "onednn_available"]
+__all__ = ["Int8Linear", "lower_int8_transform_pass", "LowerInt8Args", "LowerInt8Info", "BACKENDS", "lowerable",
+           "onednn_available"]
 
 BACKENDS: tuple[str, ...] = ("onednn", "fbgemm")
 POST_OPS: tuple[str, ...] = ("none", "gelu", "relu")
@@ -175,6 +179,10 @@ targets.register_module(
 )
 
 
+register_property("int8-lowered", lambda graph: any(True for _ in iter_layers(graph.model, Int8Linear)),
+                  "an Int8Linear (real int8 kernel) is in the graph (lower_int8_transform_pass)")
+
+
 def _input_range(layer: QuantizedLinear) -> tuple[float, int] | None:
     """The static uint8 (scale, zero point) of a calibrated data_in quantizer; None if dynamic/absent."""
     q = layer.data_in_quantizer
@@ -198,7 +206,7 @@ def lowerable(layer: nn.Module) -> str | None:
         return "data_in is per-channel (int8 GEMMs take one input scale)"
     q = layer.data_in_quantizer
     if q is not None and q.needs_calibration and not q.calibrated:
-        return "data_in is not calibrated (run calibrate_analysis_pass first)"
+        return "data_in is not calibrated (run calibrate_transform_pass first)"
     if layer.quant.role("data_out") is not None:
         return "data_out is quantized (the int8 kernel returns fp32)"
     return None
@@ -217,8 +225,21 @@ class LowerInt8Args:
     fuse_activations: bool = True
 
 
-@forge_pass("transform", LowerInt8Args)
-def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[ForgeGraph, dict[str, Any]]:
+@dataclass(frozen=True)
+class LowerInt8Info(PassInfo):
+    """lowered: layers now on an int8 kernel; static_inputs: of those, with calibrated input scales;
+    fused_activations: GELU/ReLU folded into a kernel; skipped: path -> why it stayed simulated."""
+
+    lowered: int = 0
+    static_inputs: int = 0
+    fused_activations: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
+    backend: str = ""
+
+
+@forge_pass("transform", LowerInt8Args, info=LowerInt8Info, requires=("quantized",), ensures=("int8-lowered",),
+            contract=NumericalContract("bounded", note="int8 GEMM vs simulated quantization: error reported"))
+def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[ForgeGraph, LowerInt8Info]:
     """Swap scaled-int8 QuantizedLinear layers for Int8Linear (real int8 kernels)."""
     backend = args.backend if args.backend != "auto" else ("onednn" if onednn_available() else "fbgemm")
     if backend == "onednn" and not onednn_available():
@@ -244,19 +265,15 @@ def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[F
 
     done = inject_modules(gm, {"type": [QuantizedLinear]}, None, build, what="scaled-int8 quantized linear")
     kernel = "onednn::qlinear_pointwise" if backend == "onednn" else "quantized::linear_dynamic"
-    for node in gm.graph.nodes:
+    for node, rec in quantized_nodes(gm):
         name = str(node.target)
-        if node.op == "call_module" and name in static and has_meta(node):
-            meta = get_meta(node)
-            meta.common.module_type = f"{Int8Linear.__module__}.{Int8Linear.__qualname__}"
+        if node.op == "call_module" and name in static:
             activation = "uint8 per-tensor " + ("static (calibrated)" if static[name] else "dynamic")
-            meta.software.set(LoweringRecord(kernel=kernel, activation=activation))
-            rec = meta.software.get(QuantizationRecord)
-            if rec is not None:
-                rec.quantizers = {}  # the simulated quantizers are gone; the config stays as provenance
+            get_meta(node).software.set(LoweringRecord(kernel=kernel, activation=activation))
+            rec.quantizers = {}  # the simulated quantizers are gone; the config stays as provenance
     fused = _fuse_activations(gm, set(static)) if backend == "onednn" and args.fuse_activations else []
-    return graph, {"lowered": len(done), "static_inputs": sum(static.values()), "fused_activations": len(fused),
-                   "skipped": skipped, "backend": backend}
+    return graph, LowerInt8Info(lowered=len(done), static_inputs=sum(static.values()), fused_activations=len(fused),
+                                skipped=skipped, backend=backend)
 
 
 def _activation(node: fx.Node, gm: fx.GraphModule) -> tuple[str, str] | None:
@@ -280,21 +297,24 @@ def _activation(node: fx.Node, gm: fx.GraphModule) -> tuple[str, str] | None:
 
 def _fuse_activations(gm: fx.GraphModule, lowered: set[str]) -> list[str]:
     """Fold ``act(int8_linear(x))`` into the linear's kernel when the activation is its only user."""
-    fused = []
-    for node in list(gm.graph.nodes):
-        if node.op != "call_module" or str(node.target) not in lowered or len(node.users) != 1:
-            continue
-        user = next(iter(node.users))
-        act = _activation(user, gm)
-        module = gm.get_submodule(str(node.target))
-        if act is None or user.args[0] is not node or not isinstance(module, Int8Linear) or module.post_op != "none":
-            continue
-        module.post_op, module.post_op_algorithm = act
-        user.replace_all_uses_with(node)
-        gm.graph.erase_node(user)
-        if has_meta(node):
+    fused: dict[str, str] = {}
+    with GraphRewrite(gm) as rw:
+        for node in list(gm.graph.nodes):
+            if node.op != "call_module" or str(node.target) not in lowered or len(node.users) != 1:
+                continue
+            user = next(iter(node.users))
+            act = _activation(user, gm)
+            module = gm.get_submodule(str(node.target))
+            if act is None or user.args[0] is not node or not isinstance(module, Int8Linear) \
+                    or module.post_op != "none":
+                continue
+            module.post_op, module.post_op_algorithm = act
+            rw.bypass(user, node)
+            rw.touch(node)
+            fused[str(node.target)] = act[0]
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and str(node.target) in fused and has_meta(node):
             rec = get_meta(node).software.get(LoweringRecord)
             if rec is not None:
-                rec.kernel += f" + fused {act[0]}"
-        fused.append(str(node.target))
-    return fused
+                rec.kernel += f" + fused {fused[str(node.target)]}"
+    return list(fused)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,15 +22,17 @@ import torch.fx as fx
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.metadata import get_meta
-from ..analysis.metadata import flat_inputs
+from ..analysis.table import format_table
 from ..base import forge_pass
 from ..batching import iter_batches
+from ..contract import PassInfo
 from ..metrics import signal_noise_power, sqnr_db
-from .calibrate import quantized_nodes
-from .quantizer import Quantize
+from ..propagate import flat_inputs
 from .records import LoweringRecord
+from .state import quantized_nodes, quantizers
 
-__all__ = ["quantization_report_analysis_pass", "QuantReportArgs", "sqnr_db", "quantizers_disabled"]
+__all__ = ["quantization_report_analysis_pass", "QuantReportArgs", "QuantReportInfo", "sqnr_db",
+           "quantizers_disabled", "format_report"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class QuantReportArgs:
 @contextmanager
 def quantizers_disabled(root: torch.nn.Module) -> Iterator[None]:
     """Temporarily turn every Quantize under ``root`` into the identity."""
-    qs = [m for m in root.modules() if isinstance(m, Quantize)]
+    qs = list(quantizers(root).values())
     states = [q.enabled for q in qs]
     for q in qs:
         q.enabled = False
@@ -91,13 +93,26 @@ def _run(gm: fx.GraphModule, graph: ForgeGraph, batch: Any, keep: set[str]) -> d
     return interp.values
 
 
-@forge_pass("analysis", QuantReportArgs)
-def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+@dataclass(frozen=True)
+class QuantReportInfo(PassInfo):
+    """nodes: one row per quantized node {node, op, format, sqnr_db, <role>_bits}; output_sqnr_db: the
+    model output's SQNR; average weight / activation bits (None when nothing of that kind is quantized)."""
+
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    output_sqnr_db: float = 0.0
+    avg_weight_bits: float | None = None
+    avg_activation_bits: float | None = None
+    batches: int = 0
+
+
+@forge_pass("analysis", QuantReportArgs, info=QuantReportInfo, requires=("quantized",))
+def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) -> tuple[ForgeGraph,
+                                                                                         QuantReportInfo]:
     """Per-node SQNR (dB), model-output SQNR and average weight/activation bits."""
     gm = graph.model
     nodes = quantized_nodes(gm)
     if not nodes:
-        raise ValueError("the graph has no quantized nodes: run quantize_transform_pass first")
+        raise ValueError("no node carries a quantization record (metadata re-initialised after quantizing?)")
     outputs = {n.name: _output_node(n, rec.quantizers).name for n, rec in nodes}
     baseline = args.baseline.model if isinstance(args.baseline, ForgeGraph) else args.baseline
     lowered = [n.name for n, _ in nodes if get_meta(n).software.get(LoweringRecord) is not None]
@@ -108,7 +123,7 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
     out_power = [0.0, 0.0]
     elems: dict[str, list[int]] = {}  # path -> [elements seen, calls]
     counting = [True]
-    all_quantizers = {path: q for path, q in gm.named_modules() if isinstance(q, Quantize)}
+    all_quantizers = quantizers(gm)
 
     def count(path: str) -> Any:
         def hook(mod: torch.nn.Module, inp: tuple[Any, ...], out: Any) -> None:
@@ -167,24 +182,18 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
         else:
             a_bits += q.bits * numel
             a_elems += numel
-    info = {
-        "nodes": table,
-        "output_sqnr_db": sqnr_db(*out_power),
-        "avg_weight_bits": w_bits / w_elems if w_elems else None,
-        "avg_activation_bits": a_bits / a_elems if a_elems else None,
-        "batches": batches,
-    }
+    info = QuantReportInfo(nodes=table, output_sqnr_db=sqnr_db(*out_power),
+                           avg_weight_bits=w_bits / w_elems if w_elems else None,
+                           avg_activation_bits=a_bits / a_elems if a_elems else None, batches=batches)
     if args.print_table:
         print(format_report(info))
     return graph, info
 
 
-def format_report(info: dict[str, Any]) -> str:
-    """A plain-text table of the report."""
-    lines = [f"{'node':48s} {'op':30s} {'format':15s} {'SQNR dB':>8s}"]
-    for row in info["nodes"]:
-        lines.append(f"{row['node'][:48]:48s} {row['op'][:30]:30s} {row['format']:15s} {row['sqnr_db']:8.2f}")
+def format_report(info: QuantReportInfo | dict[str, Any]) -> str:
+    """A plain-text table of the report (the shared table formatter) and a summary line."""
+    rows = [{"node": r["node"], "op": r["op"], "format": r["format"], "SQNR dB": f"{r['sqnr_db']:.2f}"}
+            for r in info["nodes"]]
     bits = ["-" if b is None else f"{b:.2f}" for b in (info["avg_weight_bits"], info["avg_activation_bits"])]
-    lines.append(f"model output SQNR {info['output_sqnr_db']:.2f} dB; average weight bits {bits[0]}, "
-                 f"activation bits {bits[1]}")
-    return "\n".join(lines)
+    return (format_table(rows) + f"\nmodel output SQNR {info['output_sqnr_db']:.2f} dB; average weight bits "
+            f"{bits[0]}, activation bits {bits[1]}")

@@ -16,6 +16,7 @@ Each quantized node gets a :class:`QuantizationRecord` in its software metadata.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,18 +24,21 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
-from ...graph.metadata import CommonMeta, NodeKind, NodeMeta, dtype_from_name, get_meta, has_meta, set_meta
+from ...graph.metadata import dtype_from_name, get_meta, has_meta
 from ...graph.modules import ScaledDotProductAttention
-from ..base import PASSES, PassArgsError, forge_pass
+from ..base import PassArgsError, forge_pass
+from ..contract import NumericalContract, PassInfo
+from ..propagate import init_node
+from ..rewrite import GraphRewrite, inject_modules
 from ..select import node_identity
-from ..transform.inject import inject_modules
 from .attention import QuantizedSDPA
-from .config import FFT_OPS, QUANTIZABLE_OPS, OpQuantConfig, QuantizeConfig, QuantizeConfigError
-from .modules import QUANTIZED_LAYERS, _QuantizedLayer, build_quantized_layer
+from .config import FFT_OPS, QUANTIZABLE_OPS, OpQuantConfig, QuantizeConfig
+from .modules import QUANTIZED_LAYERS, build_quantized_layer
 from .quantizer import Quantize
 from .records import QuantizationRecord
+from .state import quantizers as all_quantizers
 
-__all__ = ["quantize_transform_pass", "CONTAINER"]
+__all__ = ["quantize_transform_pass", "QuantizeInfo", "CONTAINER"]
 
 CONTAINER = "fxforge_quant"  # submodule holding the quantizers inserted around function nodes
 SDPA = "scaled_dot_product_attention"
@@ -101,25 +105,23 @@ def _floating(node: Any) -> bool:
 
 
 class _Rewriter:
-    """Applies the per-node decisions to the GraphModule."""
+    """Applies the per-node decisions to the GraphModule through the rewrite engine."""
 
-    def __init__(self, graph: ForgeGraph) -> None:
+    def __init__(self, graph: ForgeGraph, rw: GraphRewrite) -> None:
         self.mg = graph
         self.gm = graph.model
-        self.inserted = 0
+        self.rw = rw
         self.swaps: dict[str, Callable[[nn.Module], nn.Module]] = {}
 
-    def _new_quant_node(self, path: str, q: Quantize, arg: fx.Node, where: Callable[[], Any],
-                        like: fx.Node) -> fx.Node:
-        self.gm.add_submodule(path, q)
-        with where():
-            new = self.gm.graph.call_module(path, (arg,))
+    @property
+    def inserted(self) -> int:
+        return self.rw.inserted
+
+    def _new_quant_node(self, path: str, q: Quantize, arg: fx.Node, like: fx.Node, *, before: fx.Node | None = None,
+                        after: fx.Node | None = None) -> fx.Node:
+        new = self.rw.call_module(path, q, (arg,), before=before, after=after)
         if "val" in like.meta:
             new.meta["val"] = like.meta["val"]
-        cls = type(q)
-        set_meta(new, NodeMeta(common=CommonMeta(kind=NodeKind.MODULE, op="quantize",
-                                                 module_type=f"{cls.__module__}.{cls.__qualname__}")))
-        self.inserted += 1
         return new
 
     def wrap_function(self, node: fx.Node, op: str, cfg: OpQuantConfig) -> dict[str, str]:
@@ -134,18 +136,16 @@ class _Rewriter:
             key = f"{role}_{index}"
             path = f"{CONTAINER}.{node.name}__{key}"
             q = Quantize(spec, role, is_param=arg.op == "get_attr", channel_axis=channel, block_axis=block)
-            new = self._new_quant_node(path, q, arg, lambda: self.gm.graph.inserting_before(node), arg)
-            args = list(node.args)
-            args[index] = new
-            node.args = tuple(args)
+            new = self._new_quant_node(path, q, arg, arg, before=node)
+            self.rw.set_arg(node, index, new)
             done[key] = path
         spec = cfg.role("data_out")
         if spec is not None and _floating(node):
             path = f"{CONTAINER}.{node.name}__data_out"
             block = 1 if op in ("conv1d", "conv2d") else -1
             q = Quantize(spec, "data_out", channel_axis=block, block_axis=block)
-            new = self._new_quant_node(path, q, node, lambda: self.gm.graph.inserting_after(node), node)
-            node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+            new = self._new_quant_node(path, q, node, node, after=node)
+            self.rw.redirect_users(node, new, keep=lambda user: user is new)
             done["data_out"] = path
         return done
 
@@ -156,14 +156,10 @@ class _Rewriter:
         bound.update(node.kwargs)
         module = QuantizedSDPA(float(bound.get("dropout_p") or 0.0), bool(bound.get("is_causal", False)),
                                bound.get("scale"), bool(bound.get("enable_gqa", False)), mm, sm)
-        path = f"{CONTAINER}.{node.name}"
-        self.gm.add_submodule(path, module)
-        # Turn the node itself into the call_module: name, metadata and users stay (reports and
+        # The node itself becomes the call_module: name, records and users stay (reports and
         # baselines match nodes by name).
-        node.op, node.target = "call_module", path
-        node.args = (bound["query"], bound["key"], bound["value"], bound.get("attn_mask"))
-        node.kwargs = {}
-        return node
+        return self.rw.replace(node, "call_module", f"{CONTAINER}.{node.name}",
+                               (bound["query"], bound["key"], bound["value"], bound.get("attn_mask")), module=module)
 
 
 def _sdpa_module(mm: OpQuantConfig | None, sm: OpQuantConfig | None) -> Callable[[nn.Module], nn.Module]:
@@ -180,91 +176,93 @@ def _record(node: fx.Node, op: str, fmt: str, config: dict[str, Any], rule: str 
                                                    quantizers=dict(quantizers)))
 
 
-def _already_quantized(gm: fx.GraphModule) -> str | None:
-    for node in gm.graph.nodes:
-        if has_meta(node) and get_meta(node).software.get(QuantizationRecord) is not None:
-            return node.name
-    for name, m in gm.named_modules():
-        if isinstance(m, Quantize | _QuantizedLayer | QuantizedSDPA):
-            return name
-    return None
+@dataclass(frozen=True)
+class QuantizeInfo(PassInfo):
+    """quantized_nodes: nodes quantized; by_op: per canonical op; inserted_quantizer_nodes: Quantize
+    call_module nodes inserted around function nodes; quantizers: Quantize modules in the graph."""
+
+    quantized_nodes: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+    inserted_quantizer_nodes: int = 0
+    quantizers: int = 0
 
 
-def _quantize(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, dict[str, Any]]:
-    """Quantize the ops selected by a MASE config (see config.py); returns counts per op."""
+@forge_pass("transform", QuantizeConfig, info=QuantizeInfo, forbids=("quantized",), ensures=("metadata", "quantized"),
+            contract=NumericalContract("bounded", note="simulated quantization: error measured (SQNR) and reported"))
+def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, QuantizeInfo]:
+    """Quantize ``graph`` in place with a MASE config (``by``/``default``/op or name keys).
+
+    The config is validated first (unknown format, key, op type or regex: PassArgsError listing the
+    allowed values) and never mutated. Quantize once, on the float graph (``ForgeGraph.copy()`` keeps
+    a float version); nodes without metadata get it initialised.
+    """
     if args.default is None and all(c is None for _, c in args.rules):
         raise PassArgsError("quantize_transform_pass: the config selects no format (the default and every "
                             "entry have name None); give e.g. {'linear': {'config': {'name': 'integer', ...}}}")
     gm = graph.model
-    done = _already_quantized(gm)
-    if done is not None:
-        raise ValueError(f"the graph is already quantized ({done!r}); run quantize_transform_pass once, on the "
-                         "float graph (ForgeGraph.copy() keeps a float version)")
-    if not all(has_meta(n) for n in gm.graph.nodes):
-        from ..analysis.metadata import init_metadata_analysis_pass
-
-        init_metadata_analysis_pass(graph)
-        graph.history.pop()  # part of this pass, not a separate step
-    rw = _Rewriter(graph)
+    for node in gm.graph.nodes:
+        if not has_meta(node):
+            init_node(node, gm)
     used_keys: set[str] = set()
     by_op: dict[str, int] = {}
     pending_records: list[tuple[str, str, str, dict[str, Any], str | None, dict[str, str]]] = []
 
-    for node in list(gm.graph.nodes):
-        if node.op not in _CALLS:
-            continue
-        name, module, op = node_identity(node, gm)
-        if op == SDPA:
-            if args.by == "type":
-                k1, mm = args.rule_for(name, "matmul", module)
-                k2, sm = args.rule_for(name, "softmax", module)
-                rule = k1 or k2
-            else:
-                rule, mm = args.rule_for(name, op, module)
-                sm = mm
+    with GraphRewrite(gm) as grw:
+        rw = _Rewriter(graph, grw)
+        for node in list(gm.graph.nodes):
+            if node.op not in _CALLS:
+                continue
+            name, module, op = node_identity(node, gm)
+            if op == SDPA:
+                if args.by == "type":
+                    k1, mm = args.rule_for(name, "matmul", module)
+                    k2, sm = args.rule_for(name, "softmax", module)
+                    rule = k1 or k2
+                else:
+                    rule, mm = args.rule_for(name, op, module)
+                    sm = mm
+                if rule is not None:
+                    used_keys.add(rule)
+                if mm is None and sm is None:
+                    continue
+                config = {"matmul": mm.to_json() if mm else None, "softmax": sm.to_json() if sm else None}
+                fmt = (mm or sm).format  # type: ignore[union-attr]
+                if node.op == "call_module" and isinstance(module, ScaledDotProductAttention):
+                    rw.swaps[name] = _sdpa_module(mm, sm)
+                    pending_records.append((node.name, op, fmt, config, rule, {"module": name}))
+                elif node.op == "call_function":
+                    new = rw.sdpa_function(node, mm, sm)
+                    sdpa = gm.get_submodule(str(new.target))
+                    assert isinstance(sdpa, QuantizedSDPA)
+                    _record(new, op, fmt, config, rule, {s: f"{new.target}.{s}_quantizer" for s in sdpa.quantizers()})
+                else:
+                    raise ValueError(f"node {node.name!r}: cannot quantize attention implemented by "
+                                     f"{type(module).__name__}")
+                by_op[op] = by_op.get(op, 0) + 1
+                continue
+            if op not in QUANTIZABLE_OPS:
+                continue
+            rule, cfg = args.rule_for(name, op, module)
             if rule is not None:
                 used_keys.add(rule)
-            if mm is None and sm is None:
+            if cfg is None:
                 continue
-            config = {"matmul": mm.to_json() if mm else None, "softmax": sm.to_json() if sm else None}
-            fmt = (mm or sm).format  # type: ignore[union-attr]
-            if node.op == "call_module" and isinstance(module, ScaledDotProductAttention):
-                rw.swaps[name] = _sdpa_module(mm, sm)
-                pending_records.append((node.name, op, fmt, config, rule, {"module": name}))
-            elif node.op == "call_function":
-                new = rw.sdpa_function(node, mm, sm)
-                sdpa = gm.get_submodule(str(new.target))
-                assert isinstance(sdpa, QuantizedSDPA)
-                get_meta(new).common.module_type = f"{QuantizedSDPA.__module__}.{QuantizedSDPA.__qualname__}"
-                _record(new, op, fmt, config, rule, {s: f"{new.target}.{s}_quantizer" for s in sdpa.quantizers()})
-            else:
-                raise ValueError(f"node {node.name!r}: cannot quantize attention implemented by "
-                                 f"{type(module).__name__}")
-            by_op[op] = by_op.get(op, 0) + 1
-            continue
-        if op not in QUANTIZABLE_OPS:
-            continue
-        rule, cfg = args.rule_for(name, op, module)
-        if rule is not None:
-            used_keys.add(rule)
-        if cfg is None:
-            continue
-        if node.op == "call_module" and op in _LAYER_OPS:
-            assert module is not None
-            if type(module) not in QUANTIZED_LAYERS:
-                raise ValueError(f"node {node.name!r} ({name}): cannot quantize a {type(module).__name__} as "
-                                 f"{op!r}; quantizable layers: {[c.__name__ for c in QUANTIZED_LAYERS]}. "
-                                 "Exclude it with by='name'/'regex' or a name entry with name None")
-            rw.swaps[name] = lambda m, c=cfg: build_quantized_layer(m, c)
-            paths = {r: f"{name}.{r}_quantizer" for r in cfg.role_names
-                     if not (r == "bias" and getattr(module, "bias", None) is None)}
-            pending_records.append((node.name, op, cfg.format, cfg.to_json(), rule, paths))
-            by_op[op] = by_op.get(op, 0) + 1
-            continue
-        quantizers = rw.wrap_function(node, op, cfg)
-        if quantizers:
-            _record(node, op, cfg.format, cfg.to_json(), rule, quantizers)
-            by_op[op] = by_op.get(op, 0) + 1
+            if node.op == "call_module" and op in _LAYER_OPS:
+                assert module is not None
+                if type(module) not in QUANTIZED_LAYERS:
+                    raise ValueError(f"node {node.name!r} ({name}): cannot quantize a {type(module).__name__} as "
+                                     f"{op!r}; quantizable layers: {[c.__name__ for c in QUANTIZED_LAYERS]}. "
+                                     "Exclude it with by='name'/'regex' or a name entry with name None")
+                rw.swaps[name] = lambda m, c=cfg: build_quantized_layer(m, c)
+                paths = {r: f"{name}.{r}_quantizer" for r in cfg.role_names
+                         if not (r == "bias" and getattr(module, "bias", None) is None)}
+                pending_records.append((node.name, op, cfg.format, cfg.to_json(), rule, paths))
+                by_op[op] = by_op.get(op, 0) + 1
+                continue
+            quantizers = rw.wrap_function(node, op, cfg)
+            if quantizers:
+                _record(node, op, cfg.format, cfg.to_json(), rule, quantizers)
+                by_op[op] = by_op.get(op, 0) + 1
 
     if args.by != "type":
         unused = [k for k, _ in args.rules if k not in used_keys]
@@ -279,37 +277,10 @@ def _quantize(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, dict
     nodes = {n.name: n for n in gm.graph.nodes}
     for node_name, op, fmt, config, rule, quantizers in pending_records:
         node = nodes[node_name]
-        new_cls = type(gm.get_submodule(str(node.target)))
-        get_meta(node).common.module_type = f"{new_cls.__module__}.{new_cls.__qualname__}"
         if "module" in quantizers:  # SDPA module: list its slots
             sdpa = gm.get_submodule(str(node.target))
             assert isinstance(sdpa, QuantizedSDPA)
             quantizers = {s: f"{node.target}.{s}_quantizer" for s in sdpa.quantizers()}
         _record(node, op, fmt, config, rule, quantizers)
-    total = sum(1 for _, m in gm.named_modules() if isinstance(m, Quantize))
-    return graph, {"quantized_nodes": sum(by_op.values()), "by_op": by_op, "inserted_quantizer_nodes": rw.inserted,
-                   "quantizers": total}
-
-
-_quantize.__name__ = _quantize.__qualname__ = "quantize_transform_pass"
-_registered = forge_pass("transform", QuantizeConfig)(_quantize)
-
-
-def quantize_transform_pass(graph: ForgeGraph, pass_args: Mapping[str, Any] | QuantizeConfig | None = None
-                            ) -> tuple[ForgeGraph, dict[str, Any]]:
-    """Quantize ``graph`` in place with a MASE config (``by``/``default``/op or name keys).
-
-    The config is validated first (unknown format, key, op type or regex: PassArgsError listing the
-    allowed values) and never mutated. Returns ``(graph, {"quantized_nodes", "by_op", ...})``.
-    """
-    try:
-        config = QuantizeConfig.from_dict({} if pass_args is None else pass_args)
-    except QuantizeConfigError as exc:
-        raise PassArgsError(f"quantize_transform_pass: {exc}") from None
-    return _registered(graph, config)
-
-
-quantize_transform_pass.pass_name = "quantize_transform_pass"  # type: ignore[attr-defined]
-quantize_transform_pass.pass_kind = "transform"  # type: ignore[attr-defined]
-quantize_transform_pass.args_type = QuantizeConfig  # type: ignore[attr-defined]
-PASSES["quantize_transform_pass"] = quantize_transform_pass
+    return graph, QuantizeInfo(quantized_nodes=sum(by_op.values()), by_op=by_op,
+                               inserted_quantizer_nodes=rw.inserted, quantizers=len(all_quantizers(gm)))

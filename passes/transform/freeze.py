@@ -12,35 +12,34 @@ model: freezing a layer of the graph freezes it in that model too, as PEFT does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
-from ...graph.ir import module_op_name
 from ..base import forge_pass
-from ..select import Selector
-from .inject import NoMatchError
+from ..contract import NumericalContract, PassInfo
+from ..rewrite import NoMatchError, param_users, refresh_nodes
+from ..select import Selector, select_modules
 
 
-def select_modules(root: nn.Module, targets: Any, exclude: Any = None) -> Iterator[tuple[str, nn.Module]]:
-    """Yield ``(path, module)`` for every named module of ``root`` matching ``targets`` and not ``exclude``."""
-    include, skip = Selector.parse(targets), Selector.parse(exclude)
-    for path, module in root.named_modules():
-        if not path:
-            continue
-        op = module_op_name(module)
-        if include.matches(path, module, op) and not skip.matches(path, module, op):
-            yield path, module
+@dataclass(frozen=True)
+class FreezeInfo(PassInfo):
+    """modules: the selected module paths; parameters: parameter elements whose flag was set."""
+
+    modules: list[str] = field(default_factory=list)
+    parameters: int = 0
+
+
+_UNCHANGED = NumericalContract("exact", atol=0.0, rtol=0.0, note="only requires_grad flags change")
 
 
 def set_requires_grad(root: nn.Module, targets: Any, exclude: Any = None, requires_grad: bool = False,
-                      what: str = "module") -> dict[str, Any]:
+                      what: str = "module") -> FreezeInfo:
     """Set ``requires_grad`` on every parameter of the selected modules; NoMatchError if none has any.
 
-    Returns ``{"modules": [paths], "parameters": n}`` (n = number of parameter elements touched).
+    Returns the module paths and the number of parameter elements touched.
     """
     if Selector.parse(targets).empty:
         raise NoMatchError(f"an empty selector selects no {what}: give e.g. {{'name': 'embeddings'}}")
@@ -59,7 +58,7 @@ def set_requires_grad(root: nn.Module, targets: Any, exclude: Any = None, requir
                 seen.add(id(p))
                 p.requires_grad_(requires_grad)
                 count += p.numel()
-    return {"modules": [p for p, _ in chosen], "parameters": count}
+    return FreezeInfo(modules=[p for p, _ in chosen], parameters=count)
 
 
 @dataclass(frozen=True)
@@ -77,16 +76,19 @@ class FreezeArgs:
         Selector.parse(self.exclude)
 
 
-@forge_pass("transform", FreezeArgs)
-def freeze_transform_pass(graph: ForgeGraph, args: FreezeArgs) -> tuple[ForgeGraph, dict[str, Any]]:
-    """Freeze (requires_grad=False) every parameter of the selected modules; outputs are unchanged.
-
-    info = {"modules": [paths], "parameters": n}.
-    """
-    return graph, set_requires_grad(graph.model, args.targets, args.exclude, requires_grad=False)
+def _set_and_refresh(graph: ForgeGraph, args: FreezeArgs, requires_grad: bool) -> FreezeInfo:
+    info = set_requires_grad(graph.model, args.targets, args.exclude, requires_grad=requires_grad)
+    refresh_nodes(graph.model, param_users(graph.model))  # parameter metadata records requires_grad
+    return info
 
 
-@forge_pass("transform", FreezeArgs)
-def unfreeze_transform_pass(graph: ForgeGraph, args: FreezeArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+@forge_pass("transform", FreezeArgs, info=FreezeInfo, contract=_UNCHANGED)
+def freeze_transform_pass(graph: ForgeGraph, args: FreezeArgs) -> tuple[ForgeGraph, FreezeInfo]:
+    """Freeze (requires_grad=False) every parameter of the selected modules; outputs are unchanged."""
+    return graph, _set_and_refresh(graph, args, requires_grad=False)
+
+
+@forge_pass("transform", FreezeArgs, info=FreezeInfo, contract=_UNCHANGED)
+def unfreeze_transform_pass(graph: ForgeGraph, args: FreezeArgs) -> tuple[ForgeGraph, FreezeInfo]:
     """Make every parameter of the selected modules trainable again (requires_grad=True)."""
-    return graph, set_requires_grad(graph.model, args.targets, args.exclude, requires_grad=True)
+    return graph, _set_and_refresh(graph, args, requires_grad=True)

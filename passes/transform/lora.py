@@ -27,7 +27,7 @@ The graph shares its leaf layers with the captured model, so (as with PEFT) free
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -37,12 +37,11 @@ import torch.nn.functional as F
 
 from ...graph import targets as checkpoint_targets
 from ...graph.forge_graph import ForgeGraph
-from ...graph.ir import classify
 from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
 from ..base import forge_pass
-from ..select import Selector
-from .freeze import select_modules
-from .inject import NoMatchError, inject_modules, set_module
+from ..contract import NumericalContract, PassInfo, register_property
+from ..rewrite import NoMatchError, inject_modules, param_users, refresh_nodes, swap_module
+from ..select import Selector, iter_layers, select_modules
 
 LoraInit = Literal["kaiming", "gaussian"]
 LORA_INITS: tuple[str, ...] = ("kaiming", "gaussian")
@@ -197,18 +196,32 @@ class LoraRecord(MetaRecord):
 
 def lora_layers(gm: fx.GraphModule) -> list[tuple[fx.Node, str, LoraLinear]]:
     """(node, path, module) of every call_module node whose module is a LoraLinear."""
-    out = []
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            module = gm.get_submodule(str(node.target))
-            if isinstance(module, LoraLinear):
-                out.append((node, str(node.target), module))
-    return out
+    return [(layer.node, layer.path, layer.module) for layer in iter_layers(gm, LoraLinear)]  # type: ignore[misc]
 
 
-def _class_path(module: nn.Module) -> str:
-    cls = type(module)
-    return f"{cls.__module__}.{cls.__qualname__}"
+register_property("lora", lambda graph: any(True for _ in iter_layers(graph.model, LoraLinear)),
+                  "a LoRA adapter (LoraLinear) is in the graph (insert_lora_adapter_transform_pass)")
+
+
+@dataclass(frozen=True)
+class LoraInfo(PassInfo):
+    """adapted: adapted layer paths; skipped: selected non-Linear layers (path, type); trainable_modules:
+    modules kept fully trainable; scaling = alpha / rank; parameter counts after insertion."""
+
+    adapted: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    trainable_modules: list[str] = field(default_factory=list)
+    scaling: float = 0.0
+    trainable: int = 0
+    total: int = 0
+    trainable_percent: float = 0.0
+
+
+@dataclass(frozen=True)
+class FuseLoraInfo(PassInfo):
+    """fused: the layer paths whose adapters were merged into a plain nn.Linear."""
+
+    fused: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -239,8 +252,9 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r + ".") for r in roots)
 
 
-@forge_pass("transform", LoraArgs)
-def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+@forge_pass("transform", LoraArgs, info=LoraInfo, ensures=("lora",),
+            contract=NumericalContract("exact", atol=0.0, rtol=0.0, note="B = 0: a fresh adapter adds nothing"))
+def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tuple[ForgeGraph, LoraInfo]:
     """Wrap each selected nn.Linear in a LoraLinear; outputs are unchanged (B = 0) until training.
 
     info = {"adapted": [paths], "skipped": [(path, type)], "trainable_modules": [paths], "scaling",
@@ -280,19 +294,17 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
     for path in keep:
         for p in gm.get_submodule(path).parameters():
             p.requires_grad_(True)
+    refresh_nodes(gm, param_users(gm))  # requires_grad flags changed; the engine refreshed adapted nodes
     for node, path, module in lora_layers(gm):
         if path in adapted and has_meta(node):
-            meta = get_meta(node)
-            meta.common.kind, meta.common.op = classify(node, gm)  # lora_linear, as a fresh metadata pass says
-            meta.common.module_type = _class_path(module)
-            meta.software.set(LoraRecord(rank=module.rank, alpha=module.alpha, scaling=module.scaling,
+            get_meta(node).software.set(LoraRecord(rank=module.rank, alpha=module.alpha, scaling=module.scaling,
                                          dropout=module.dropout_p, init=module.init,
                                          in_features=module.in_features, out_features=module.out_features))
     trainable = sum(p.numel() for p in gm.parameters() if p.requires_grad)
     total = sum(p.numel() for p in gm.parameters())
-    return graph, {"adapted": adapted, "skipped": skipped, "trainable_modules": keep,
-                   "scaling": args.alpha / args.rank, "trainable": trainable, "total": total,
-                   "trainable_percent": 100.0 * trainable / total if total else 0.0}
+    return graph, LoraInfo(adapted=adapted, skipped=skipped, trainable_modules=keep, scaling=args.alpha / args.rank,
+                           trainable=trainable, total=total,
+                           trainable_percent=100.0 * trainable / total if total else 0.0)
 
 
 @dataclass(frozen=True)
@@ -326,17 +338,16 @@ def fused_linear(module: LoraLinear) -> nn.Linear:
     return new
 
 
-@forge_pass("transform", FuseLoraArgs)
-def fuse_lora_weights_transform_pass(graph: ForgeGraph, args: FuseLoraArgs) -> tuple[ForgeGraph, dict[str, Any]]:
+@forge_pass("transform", FuseLoraArgs, info=FuseLoraInfo, requires=("lora",),
+            contract=NumericalContract("exact", atol=1e-5, rtol=1e-5, note="W + scaling * B @ A, float rounding"))
+def fuse_lora_weights_transform_pass(graph: ForgeGraph, args: FuseLoraArgs) -> tuple[ForgeGraph, FuseLoraInfo]:
     """Merge each selected adapter into its layer and replace the LoraLinear by a plain nn.Linear.
 
     Eval outputs are unchanged up to float rounding; the fused graph costs what the base model costs.
-    The new Linear keeps the base's requires_grad flags (frozen after LoRA training). info = {"fused": [paths]}.
+    The new Linear keeps the base's requires_grad flags (frozen after LoRA training).
     """
     gm = graph.model
     layers = lora_layers(gm)
-    if not layers:
-        raise LoraError("the graph has no LoRA adapters to fuse: run insert_lora_adapter_transform_pass first")
     include = Selector.parse(DEFAULT_TARGETS if args.targets is None else args.targets)
     skip = Selector.parse(args.exclude)
     fused: list[str] = []
@@ -344,16 +355,13 @@ def fuse_lora_weights_transform_pass(graph: ForgeGraph, args: FuseLoraArgs) -> t
         if path in fused or not include.matches(path, module.base, "linear") \
                 or skip.matches(path, module.base, "linear"):
             continue
-        set_module(gm, path, fused_linear(module))
+        swap_module(gm, path, fused_linear(module))
         fused.append(path)
     for node, path, _ in layers:
         if path in fused and has_meta(node):
-            meta = get_meta(node)
-            meta.software.remove(LoraRecord)
-            meta.common.kind, meta.common.op = classify(node, gm)
-            meta.common.module_type = _class_path(gm.get_submodule(path))
+            get_meta(node).software.remove(LoraRecord)
     if not fused:
         raise NoMatchError(f"no LoRA adapter matched targets={args.targets!r} exclude={args.exclude!r}; "
                            f"adapted layers: {[p for _, p, _ in layers][:6]}")
     gm.delete_all_unused_submodules()
-    return graph, {"fused": fused}
+    return graph, FuseLoraInfo(fused=fused)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_agru, make_gpt
+
 from fxforge import CaptureError, ForgeGraph
 from fxforge.graph.modules import ScaledDotProductAttention
 

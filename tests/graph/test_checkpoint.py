@@ -16,6 +16,7 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph import targets
 from fxforge.graph.checkpoint import load_checkpoint, save_checkpoint
@@ -384,6 +385,7 @@ class WithCustom(nn.Module):
         return self.custom(x) + 1
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_unregistered_module_refused_at_export_then_registered(tmp_path: Path) -> None:
     x = torch.randn(2, 4)
     mg = ForgeGraph(WithCustom(), example_inputs=(x,), frontend="fx", leaf_modules=[Custom])

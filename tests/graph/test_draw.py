@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import make_tiny_bert
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph.draw import BOX_W, GAP_X, layout, to_svg
 

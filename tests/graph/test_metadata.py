@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import make_agru, make_gpt
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph.metadata import (
     MetaRecord,
@@ -21,7 +22,6 @@ from fxforge.graph.metadata import (
 )
 
 
-@register_record("test.note")
 @dataclass
 class _Note(MetaRecord):
     text: str = ""
@@ -92,7 +92,9 @@ def test_dummy_in_overrides_and_missing_inputs_error() -> None:
     assert mg.meta("lm_head").common.results["data_out_0"].shape == (1, 5, 64)
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_metadata_json_round_trip_with_records() -> None:
+    register_record("test.note")(_Note)
     mg = _with_metadata(ForgeGraph(make_gpt("afno"), example_inputs=torch.randint(0, 64, (2, 8))))
     for node in mg.nodes:
         get_meta(node).software.set(_Note(text=node.name, widths=(8, 4)))

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+
 from fxforge.graph import targets
 from fxforge.graph.modules import ScaledDotProductAttention
 from fxforge.graph.targets import CheckpointError
@@ -77,6 +78,7 @@ def _custom_scale(x: torch.Tensor, factor: float) -> torch.Tensor:
     return x * factor
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_function_plain_and_decorator_and_conflict() -> None:
     targets.register_function(_custom_scale, name="tests.custom_scale")
     assert targets.resolve_function("tests.custom_scale") is _custom_scale
@@ -91,6 +93,7 @@ def test_register_function_plain_and_decorator_and_conflict() -> None:
         targets.register_function(decorated, name="tests.custom_scale")
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_op_namespace() -> None:
     with pytest.raises(CheckpointError, match="register_op_namespace"):
         targets.resolve_function("torch.ops.quantized.linear.default")
@@ -136,6 +139,7 @@ def test_containers_and_unknown_modules() -> None:
             targets.resolve_module(bad)
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_register_module_for_a_user_layer() -> None:
     class Scale(nn.Module):
         def __init__(self, n: int) -> None:
@@ -165,6 +169,7 @@ def test_pytree_types_refused(name: Any) -> None:
 Pair = namedtuple("Pair", "a b")
 
 
+@pytest.mark.usefixtures("restore_registries")
 def test_user_namedtuple_pytree_type() -> None:
     pytree._register_namedtuple(Pair, serialized_type_name="tests.Pair")
     spec = json.loads(pytree.treespec_dumps(pytree.tree_structure(Pair(1, 2))))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from fxforge.models.agru import AGRUCell, AGRUClassifier, digits_sequences, images_to_row_sequences
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from fxforge.models.bert import (
     load_sequence_classifier,
     load_tokenizer,

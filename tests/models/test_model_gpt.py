@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+from torch import nn
+
 from fxforge.models.afno import AFNO1D
 from fxforge.models.gpt import GPT, CausalSelfAttention, GPTConfig, lm_loss, param_groups
-from torch import nn
 
 VOCAB = 64
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from fxforge.models.train_gpt import build_parser, encode_reviews, get_batch, lr_at, main
 
 TINY = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--sequence_length", "32", "--batch_size", "4",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 from conftest import make_gpt
+
 from fxforge import ForgeGraph, passes
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn as nn
+
 from fxforge import ForgeGraph, passes
 from fxforge.passes.base import PASSES, PassError, forge_pass
 from fxforge.passes.contract import (
@@ -87,9 +88,9 @@ def test_forbids_and_wrong_info_type(scratch_passes: list[str]) -> None:
 
 def test_declarations_are_validated() -> None:
     with pytest.raises(ValueError, match="unknown graph propert"):
-        forge_pass("analysis", requires=("no-such-property",))(lambda g, a: (g, None))
+        forge_pass("analysis", info=_Info, requires=("no-such-property",))(lambda g, a: (g, None))
     with pytest.raises(ValueError, match="only transform passes"):
-        forge_pass("analysis", contract=NumericalContract("exact"))(lambda g, a: (g, None))
+        forge_pass("analysis", info=_Info, contract=NumericalContract("exact"))(lambda g, a: (g, None))
     with pytest.raises(ValueError, match="unknown contract threshold"):
         NumericalContract("bounded").with_thresholds(tolerance=1)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch.nn as nn
 from conftest import make_gpt
+
 from fxforge import ForgeGraph, passes
-from fxforge.passes.transform.freeze import select_modules
+from fxforge.passes.select import select_modules
 
 
 def test_freeze_embeddings_by_name_then_unfreeze(tiny_bert: nn.Module) -> None:
@@ -14,9 +15,9 @@ def test_freeze_embeddings_by_name_then_unfreeze(tiny_bert: nn.Module) -> None:
     total = sum(p.numel() for p in tiny_bert.parameters())
     _, info = passes.freeze_transform_pass(mg, {"targets": {"name": "embeddings"}})
     emb = sum(p.numel() for p in tiny_bert.bert.embeddings.parameters())  # tables and the LayerNorm
-    assert info == {"modules": ["bert.embeddings"], "parameters": emb}
+    assert info.modules == ["bert.embeddings"] and info.parameters == emb
     _, report = passes.report_trainable_parameters_analysis_pass(mg, {"show": False})
-    assert report["frozen"] == emb and report["trainable"] == total - emb
+    assert report.frozen == emb and report.trainable == total - emb
     rows = {r["module"]: r for r in report["rows"]}
     assert rows["bert.embeddings.LayerNorm"]["trainable"] == 0 and rows["classifier"]["frozen"] == 0
     _, info = passes.unfreeze_transform_pass(mg, {"targets": {"type": "embedding"}})

@@ -10,6 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 from conftest import bert_inputs, make_tiny_bert
+
 from fxforge import ForgeGraph, passes
 from fxforge.passes.lora_checkpoint import (
     CONFIG,

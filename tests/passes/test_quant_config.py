@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+
 from fxforge.passes.base import PASSES, PassArgsError
 from fxforge.passes.quantize.config import OpQuantConfig, QuantizeConfig
 from fxforge.passes.quantize.formats import QuantizeConfigError

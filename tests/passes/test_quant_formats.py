@@ -6,6 +6,7 @@ import functools
 
 import pytest
 import torch
+
 from fxforge.passes.quantize.block import block_fp_quantize, mxfp_element, mxfp_quantize, mxint_quantize
 from fxforge.passes.quantize.fixed import (
     fixed_point_quantize,

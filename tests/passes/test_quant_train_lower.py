@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, make_tiny_bert
+
 from fxforge import ForgeGraph
 from fxforge.graph.metadata import get_meta
 from fxforge.passes.base import PassError

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 from conftest import bert_inputs
+
 from fxforge import ForgeGraph, passes
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs
+
 from fxforge import ForgeGraph, passes
 from fxforge.graph.metadata import get_meta
 from fxforge.passes.rewrite import GraphRewrite, NoMatchError, inject_modules, swap_module

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import make_gpt
+
 from fxforge import ForgeGraph
 from fxforge.passes.select import Selector, SelectorError, matches_by, select_nodes
 
