@@ -26,6 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
+
 from fxforge import ForgeGraph  # noqa: E402
 from fxforge.data import load_reviews  # noqa: E402
 from fxforge.models.bert import minilm_for_sequence_classification, minilm_tokenizer  # noqa: E402

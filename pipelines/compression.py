@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..graph.forge_graph import ForgeGraph
-from ..passes.base import PASSES
+from ..passes.base import PASS_ALIASES, PASSES
 from .pipeline import Pipeline
 from .report import PipelineReport
 from .steps import PipelineError
@@ -25,7 +25,7 @@ STANDARD_ORDER: tuple[str, ...] = (
     "finetune",
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
-    "calibrate_analysis_pass",
+    "calibrate_transform_pass",
     "lower_int8_transform_pass",
     "export",
 )
@@ -55,6 +55,7 @@ class CompressionPipeline:
         """The pipeline ``pass_args`` describes (validated: unknown keys, unregistered passes, bad args)."""
         if not isinstance(pass_args, Mapping):
             raise PipelineError(f"CompressionPipeline: pass_args must be a dict, got {type(pass_args).__name__}")
+        pass_args = {PASS_ALIASES.get(k, k): v for k, v in pass_args.items()}  # former pass names still work
         unknown = sorted(str(k)[:100] for k in pass_args if k not in self.order)
         if unknown:
             raise PipelineError(f"CompressionPipeline: unknown pass_args key(s) {unknown}; the standard order "

@@ -33,7 +33,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "int8-fast": {"name": "int8-fast", "steps": [
         {"pass": "remove_dropout_transform_pass"},
         {"pass": "quantize_transform_pass", "args": SCALED_INT8},
-        {"pass": "calibrate_analysis_pass"},
+        {"pass": "calibrate_transform_pass"},
         {"pass": "lower_int8_transform_pass"},
     ]},
     "int8-dynamic": {"name": "int8-dynamic", "steps": [

@@ -2,7 +2,7 @@
 
 Everything a step needs is resolved when the step is built, so a typo in step 3 is refused before
 step 1 runs: the pass name must be registered (else close names are suggested), its args must build
-the pass's args dataclass (passes/base.build_args, or the args type's own ``from_dict``) and contract
+the pass's args dataclass (passes/base.build_args) and contract
 thresholds must be known keys.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..passes.base import PASSES, PassArgsError, build_args
+from ..passes.base import PASS_ALIASES, PASSES, PassArgsError, build_args
 from ..passes.contract import EmptyInfo, NumericalContract, PassInfo, PassSpec
 
 __all__ = ["ACTIONS", "PipelineError", "Step", "make_step", "pass_spec", "resolve_pass"]
@@ -100,6 +100,7 @@ def resolve_pass(name_or_fn: str | Callable[..., Any]) -> tuple[str, Callable[..
         raise PipelineError(f"a step's pass must be a pass name or a pass function, got {type(name_or_fn).__name__}")
     if name_or_fn in ACTIONS:
         return name_or_fn, ACTIONS[name_or_fn]
+    name_or_fn = PASS_ALIASES.get(name_or_fn, name_or_fn)  # a pass's former public name
     if name_or_fn not in PASSES:
         known = sorted(PASSES) + sorted(ACTIONS)
         close = difflib.get_close_matches(name_or_fn, known, n=3, cutoff=0.5)
@@ -157,15 +158,9 @@ class Step:
 
 
 def _build(name: str, args_type: type, args: Mapping[str, Any] | None) -> Any:
-    parse = getattr(args_type, "from_dict", None)
-    if dataclasses.is_dataclass(args_type) and not callable(parse):
+    if dataclasses.is_dataclass(args_type) or hasattr(args_type, "from_pass_args"):
         return build_args(name, args_type, args)
-    if callable(parse):
-        try:
-            return parse({} if args is None else args)
-        except (TypeError, ValueError) as exc:
-            raise PassArgsError(f"{name}: {exc}") from exc
-    return args
+    return args  # a pass without a declared args type validates its own args when it runs
 
 
 def make_step(index: int, pass_: str | Callable[..., Any], args: Mapping[str, Any] | None = None,

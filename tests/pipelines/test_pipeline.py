@@ -6,9 +6,10 @@ import json
 
 import pytest
 import torch
+from toys import CALLS, small_graph, toy_passes  # noqa: F401 (fixture)
+
 from fxforge.pipelines import ContractViolation, Pipeline, PipelineError
 from fxforge.pipelines.pipeline import PIPELINE_RECORD
-from toys import CALLS, small_graph, toy_passes  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("toy_passes")
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fxforge.pipelines import ContractViolation, Pipeline, PipelineError
 from toys import CALLS, small_graph, toy_passes  # noqa: F401 (fixture)
+
+from fxforge.pipelines import ContractViolation, Pipeline, PipelineError
 
 pytestmark = pytest.mark.usefixtures("toy_passes")
 

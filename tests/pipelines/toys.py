@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
+
 from fxforge import ForgeGraph
-from fxforge.passes.base import PASSES, forge_pass
-from fxforge.passes.contract import PROPERTIES, NumericalContract, PassInfo, register_property
+from fxforge.passes.base import forge_pass
+from fxforge.passes.contract import NumericalContract, PassInfo, register_property
 
 CALLS: list[tuple[str, int]] = []
 
@@ -35,7 +36,7 @@ def small_graph() -> ForgeGraph:
 
 
 @pytest.fixture
-def toy_passes() -> Iterator[SimpleNamespace]:
+def toy_passes(restore_registries: None) -> Iterator[SimpleNamespace]:
     """_exact_scale_pass (promises exact outputs: broken unless factor == 1), _bounded_scale_pass
     (bounded, no threshold), _mark_pass (ensures '_marked'), _needs_mark_pass (requires it).
     CALLS lists (pass name, history length) for every call, to prove what ran."""
@@ -67,9 +68,5 @@ def toy_passes() -> Iterator[SimpleNamespace]:
         calls.append(("_needs_mark_pass", len(graph.history)))
         return graph, ScaleInfo(factor=0.0)
 
-    names = ["_exact_scale_pass", "_bounded_scale_pass", "_mark_pass", "_needs_mark_pass"]
     yield SimpleNamespace(exact=_exact_scale_pass, bounded=_bounded_scale_pass, mark=_mark_pass,
                           needs_mark=_needs_mark_pass, calls=calls)
-    for n in names:
-        PASSES.pop(n, None)
-    PROPERTIES.pop("_marked", None)
