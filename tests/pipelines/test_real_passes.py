@@ -18,7 +18,9 @@ from fxforge.pipelines.presets import DYNAMIC_INT8, SCALED_INT8
 HF = ["input_ids", "attention_mask"]
 
 
-def _bert() -> ForgeGraph:
+@pytest.fixture(scope="module")
+def bert() -> ForgeGraph:
+    """Captured once per module: pipelines run on copies, and tests check the input stays untouched."""
     return ForgeGraph(make_tiny_bert(), hf_input_names=HF)
 
 
@@ -26,8 +28,8 @@ def _max_diff(a: Any, b: Any) -> float:
     return max(float((x - y).detach().abs().max()) for x, y in zip(pytree.tree_leaves(a), pytree.tree_leaves(b)))
 
 
-def test_int8_preset_checks_contracts_and_defers_until_calibrated() -> None:
-    mg = _bert()
+def test_int8_preset_checks_contracts_and_defers_until_calibrated(bert: ForgeGraph) -> None:
+    mg = bert
     ref = mg(**bert_inputs(labels=False))
     out, report = Pipeline.preset("int8-fast")(mg)
     assert [s.name for s in report.steps] == ["remove_dropout_transform_pass", "quantize_transform_pass",
@@ -45,8 +47,8 @@ def test_int8_preset_checks_contracts_and_defers_until_calibrated() -> None:
     assert out.history[0].args["name"] == "int8-fast"
 
 
-def test_replay_from_a_reloaded_checkpoint_reproduces_it(tmp_path: Path) -> None:
-    mg = _bert()
+def test_replay_from_a_reloaded_checkpoint_reproduces_it(bert: ForgeGraph, tmp_path: Path) -> None:
+    mg = bert
     export = {"pass": "export", "args": {"path": str(tmp_path / "ck")}}
     steps = [*Pipeline.preset("int8-fast").to_dict()["steps"], export]
     out, report = Pipeline(steps, name="int8+export")(mg)
@@ -63,15 +65,15 @@ def test_replay_from_a_reloaded_checkpoint_reproduces_it(tmp_path: Path) -> None
     # passes run by hand before a pipeline are replayed too (or skipped when the base already has them)
     from fxforge import passes
 
-    base, _ = passes.init_metadata_analysis_pass(_bert())
+    base, _ = passes.init_metadata_analysis_pass(bert.copy())
     done, _ = Pipeline(["remove_dropout_transform_pass", ("quantize_transform_pass", DYNAMIC_INT8)])(base)
     full = Pipeline.from_history(done)
     assert [s.name for s in full.steps][0] == "init_metadata_analysis_pass" and len(full) == 3
     assert len(Pipeline.from_history(done, base=base)) == 2
 
 
-def test_impossible_orders_of_real_passes_are_refused() -> None:
-    mg = _bert()
+def test_impossible_orders_of_real_passes_are_refused(bert: ForgeGraph) -> None:
+    mg = bert
     with pytest.raises(PipelineError, match=r"impossible order: step 1 \(lower_int8_transform_pass\) requires "
                                             r"'quantized'.*run quantize_transform_pass first"):
         Pipeline(["lower_int8_transform_pass", ("quantize_transform_pass", DYNAMIC_INT8)])(mg)
@@ -83,8 +85,8 @@ def test_impossible_orders_of_real_passes_are_refused() -> None:
     assert mg.history == []
 
 
-def test_data_args_are_not_replayable() -> None:
-    mg = _bert()
+def test_data_args_are_not_replayable(bert: ForgeGraph) -> None:
+    mg = bert
     batches = [bert_inputs(labels=False)]
     steps = [("quantize_transform_pass", SCALED_INT8), ("calibrate_analysis_pass", {"data": batches})]
     out, _ = Pipeline(steps)(mg)
@@ -93,8 +95,8 @@ def test_data_args_are_not_replayable() -> None:
         Pipeline.from_history(out)
 
 
-def test_same_pipeline_twice_on_the_same_input_gives_the_same_graph() -> None:
-    mg = _bert()
+def test_same_pipeline_twice_on_the_same_input_gives_the_same_graph(bert: ForgeGraph) -> None:
+    mg = bert
     pipe = Pipeline.preset("int8-fast")
     a, _ = pipe(mg)
     b, _ = pipe(mg)
@@ -106,18 +108,18 @@ def test_same_pipeline_twice_on_the_same_input_gives_the_same_graph() -> None:
     assert [r.to_json() for r in a.history] == [r.to_json() for r in b.history]
 
 
-def test_compression_pipeline_runs_in_the_standard_order() -> None:
+def test_compression_pipeline_runs_in_the_standard_order(bert: ForgeGraph) -> None:
     pipe = CompressionPipeline(contracts={"quantize_transform_pass": {"min_sqnr_db": 5.0}})
     args = {"lower_int8_transform_pass": {}, "quantize_transform_pass": DYNAMIC_INT8}  # listed out of order
-    out, report = pipe(_bert(), pass_args=args)
+    out, report = pipe(bert, pass_args=args)
     assert [s.name for s in report.steps] == ["quantize_transform_pass", "lower_int8_transform_pass"]
     assert report[0].contract.kind == "bounded" and report[0].contract.ok and report[0].contract.sqnr_db > 5
     with pytest.raises(PipelineError, match=r"prune_transform_pass is not registered"):
-        pipe(_bert(), pass_args={"prune_transform_pass": {"sparsity": 0.5}, **args})
+        pipe(bert, pass_args={"prune_transform_pass": {"sparsity": 0.5}, **args})
     with pytest.raises(PipelineError, match=r"unknown pass_args key\(s\) \['quantise_transform_pass'\]"):
-        pipe(_bert(), pass_args={"quantise_transform_pass": {}})
+        pipe(bert, pass_args={"quantise_transform_pass": {}})
     with pytest.raises(PipelineError, match=r"step 1 \(quantize_transform_pass\): invalid args"):
-        pipe(_bert(), pass_args={"quantize_transform_pass": {"by": "colour"}})
+        pipe(bert, pass_args={"quantize_transform_pass": {"by": "colour"}})
 
 
 @pytest.fixture(scope="module")
