@@ -172,7 +172,11 @@ class Pipeline:
         self.check_order(graph)
         mg = graph if inplace else graph.copy()
         checked = verify and any(s.contract is not None for s in self.steps)
-        checker = ContractChecker(mg, self.data if data is None else data, self.num_batches) if checked else None
+        try:
+            checker = ContractChecker(mg, self.data if data is None else data, self.num_batches) if checked else None
+        except (TypeError, ValueError) as exc:
+            raise PipelineError(f"pipeline {self.name!r}: contract checks need batches: {exc} "
+                                "(give data=[batch, ...] or verify=False)") from None
         started, reports, done = time.perf_counter(), [], []
         pos = len(mg.history)
         mg.history.append(self._record(done, 0))

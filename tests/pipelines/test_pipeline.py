@@ -140,3 +140,18 @@ def test_from_dict_refuses_unknown_keys() -> None:
     assert pipe.to_dict() == {"name": "d", "verify": False, "num_batches": 1,
                               "steps": [{"pass": "_mark_pass", "args": {"factor": 3}}]}
     assert pipe.steps[0].built.factor == 3.0
+
+
+def test_pass_functions_as_steps_and_checks_need_batches() -> None:
+    from fxforge.passes.base import get_pass
+
+    pipe = Pipeline([get_pass("_exact_scale_pass"), (get_pass("_bounded_scale_pass"), {"factor": 2.0})])
+    assert [s.name for s in pipe.steps] == ["_exact_scale_pass", "_bounded_scale_pass"]
+    mg = small_graph()
+    mg.example_inputs = None
+    with pytest.raises(PipelineError, match=r"contract checks need batches: no data.*verify=False"):
+        pipe(mg)
+    out, report = pipe(mg, data=[(torch.randn(2, 4),)])
+    assert report[1].contract.max_abs > 0
+    _, report = pipe(mg, verify=False)
+    assert report.check_forwards == 0
