@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ours_trainable = sum(p.numel() for p in ours.model.parameters() if p.requires_grad)
     peft_trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     print(f"{n} adapted layers, rank {args.rank}; trainable parameters: fxforge {ours_trainable:,} "
-          f"({info['trainable_percent']:.2f}%), PEFT {peft_trainable:,}")
+          f"({info.trainable_percent:.2f}%), PEFT {peft_trainable:,}")
 
     gen = torch.Generator().manual_seed(0)
     inputs = {"input_ids": torch.randint(1000, 30000, (args.batch, args.seq), generator=gen),

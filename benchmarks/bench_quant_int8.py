@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402
-    calibrate_analysis_pass,
+    calibrate_transform_pass,
     lower_int8_transform_pass,
     quantize_transform_pass,
 )
@@ -44,7 +44,7 @@ def int8_graph(model: torch.nn.Module, backend: str, static: bool, calib: list[d
     mg = ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"]).eval()
     mg, _ = quantize_transform_pass(mg, int8_config(static))
     if static:
-        mg, _ = calibrate_analysis_pass(mg, {"data": calib})
+        mg, _ = calibrate_transform_pass(mg, {"data": calib})
     mg, _ = lower_int8_transform_pass(mg, {"backend": backend, "strict": True})
     return mg
 

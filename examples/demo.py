@@ -40,13 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     t_capture = time.perf_counter() - t0
     mg, _ = passes.init_metadata_analysis_pass(mg)
     mg, meta_info = passes.add_common_metadata_analysis_pass(mg)
-    print(f"[2/5] captured with the {mg.frontend} frontend in {t_capture:.2f}s: {meta_info['nodes']} nodes")
+    print(f"[2/5] captured with the {mg.frontend} frontend in {t_capture:.2f}s: {meta_info.nodes} nodes")
 
     _, counts = passes.count_op_analysis_pass(mg, {"ops": ["linear", "dropout", "layer_norm", "embedding"]})
     _, report = passes.report_graph_analysis_pass(mg, {"show": False})
     _, trainable = passes.report_trainable_parameters_analysis_pass(mg, {"show": False})
-    print(f"[3/5] ops {counts['counts']}; {trainable['trainable']:,} trainable parameters")
-    print("\n".join(report["table"].splitlines()[:2] + [r for r in report["table"].splitlines()
+    print(f"[3/5] ops {counts.counts}; {trainable.trainable:,} trainable parameters")
+    print("\n".join(report.table.splitlines()[:2] + [r for r in report.table.splitlines()
                                                          if "attention.self.query" in r][:2]))
 
     with tempfile.TemporaryDirectory() as tmp:

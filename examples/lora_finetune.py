@@ -161,8 +161,8 @@ def demo(workdir: Path, train: int = 800, test: int = 200, max_length: int = 128
     mg = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0), hf_input_names=HF_NAMES).eval()
     acc_before = evaluate_accuracy(mg, ds["test"], tok)
     _, info = passes.insert_lora_adapter_transform_pass(mg, LORA_ARGS)
-    print(f"[LoRA 1/4] rank-{LORA_ARGS['rank']} adapters on {len(info['adapted'])} Linear layers + trainable head: "
-          f"{info['trainable']:,} of {info['total']:,} parameters trainable ({info['trainable_percent']:.2f}%)")
+    print(f"[LoRA 1/4] rank-{LORA_ARGS['rank']} adapters on {len(info.adapted)} Linear layers + trainable head: "
+          f"{info.trainable:,} of {info.total:,} parameters trainable ({info.trainable_percent:.2f}%)")
     trainer = get_trainer(mg.model, ds, tok, output_dir=str(workdir / "trainer"), learning_rate=lr,
                           per_device_train_batch_size=16, seed=0,
                           training_args={"warmup_steps": 0.1, "eval_strategy": "no", "disable_tqdm": True,

@@ -32,7 +32,7 @@ from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.data import get_tokenized_dataset, get_trainer  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402
-    calibrate_analysis_pass,
+    calibrate_transform_pass,
     lower_int8_transform_pass,
     quantization_report_analysis_pass,
     quantize_transform_pass,
@@ -205,10 +205,10 @@ def main() -> None:
     for name, cfg in ptq_configs:
         mg, _ = quantize_transform_pass(base.copy(), cfg)
         if cfg is SCALED_INT8:
-            mg, _ = calibrate_analysis_pass(mg, {"data": calib, "method": "minmax"})
+            mg, _ = calibrate_transform_pass(mg, {"data": calib, "method": "minmax"})
         _, rep = quantization_report_analysis_pass(mg, {"data": calib[:2]})
-        record(name, "PTQ", mg, output_sqnr_db=rep["output_sqnr_db"], weight_bits=rep["avg_weight_bits"],
-               activation_bits=rep["avg_activation_bits"])
+        record(name, "PTQ", mg, output_sqnr_db=rep.output_sqnr_db, weight_bits=rep.avg_weight_bits,
+               activation_bits=rep.avg_activation_bits)
     if not args.no_qat:
         for w in args.widths:
             mg, _ = quantize_transform_pass(base.copy(), fixed_point(w))
@@ -223,7 +223,7 @@ def main() -> None:
                                 ("fbgemm, dynamic A", INT8_DYNAMIC, "fbgemm")):
         mg, _ = quantize_transform_pass(base.copy(), cfg)
         if cfg is SCALED_INT8:
-            mg, _ = calibrate_analysis_pass(mg, {"data": calib, "method": "minmax"})
+            mg, _ = calibrate_transform_pass(mg, {"data": calib, "method": "minmax"})
         mg, info = lower_int8_transform_pass(mg, {"backend": backend, "strict": True})
         timings[label] = speed(base, mg, args.rounds)
         record(f"int8 lowered ({label})", "real int8", mg, **timings[label])

@@ -16,6 +16,8 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.fx as fx
 
+from .json_values import jsonable
+
 META_KEY = "fxforge"
 SCHEMA_VERSION = 1
 
@@ -170,18 +172,6 @@ def register_record(name: str):
     return wrap
 
 
-def _to_jsonable(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_to_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    raise TypeError(f"metadata value of type {type(value).__name__} is not JSON-serialisable")
-
-
 def _record_from_json(cls: type[MetaRecord], data: dict[str, Any]) -> MetaRecord:
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -218,7 +208,7 @@ class MetaSection:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            name: _to_jsonable(dataclasses.asdict(rec))  # type: ignore[call-overload]
+            name: jsonable(dataclasses.asdict(rec), strict=True)  # type: ignore[call-overload]
             for name, rec in sorted(self._records.items())
         }
 

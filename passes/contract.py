@@ -11,13 +11,11 @@ declarations to check a whole order of passes before the first one runs (:func:`
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
+from ..graph.json_values import jsonable
 from ..graph.metadata import has_meta
 
 if TYPE_CHECKING:
@@ -142,25 +140,6 @@ def plan_properties(steps: Iterable[PassSpec], start: frozenset[str],
 
 
 # -- typed results ----------------------------------------------------------------------------------
-def jsonable(value: Any) -> Any:
-    """A JSON view of a value (tensors summarised, classes by name, non-finite floats as strings)."""
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if isinstance(value, tuple | list | set | frozenset):
-        return [jsonable(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}>"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
-    return f"<{type(value).__name__}>"
-
-
 @dataclass(frozen=True)
 class PassInfo:
     """Base of every pass's typed, frozen result. ``info.field`` is the API; ``info["field"]`` and

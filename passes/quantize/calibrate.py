@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 
 from ...graph.forge_graph import ForgeGraph
+from ...graph.json_values import jsonable
 from ...graph.metadata import get_meta
 from ..base import forge_pass
 from ..batching import iter_batches, run_batch
@@ -60,9 +61,8 @@ class CalibrateInfo(PassInfo):
     nodes: int
 
 
-def _jsonable(t: torch.Tensor) -> float | list[float]:
-    t = t.detach().float().cpu()
-    return float(t) if t.dim() == 0 else [float(v) for v in t.reshape(-1)]
+def _values(t: torch.Tensor) -> float | list[float]:
+    return jsonable(t, tensor_values=True)
 
 
 @forge_pass("transform", CalibrateArgs, info=CalibrateInfo, requires=("quantized",), ensures=("calibrated",),
@@ -98,10 +98,10 @@ def calibrate_transform_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[Fo
             lo, hi = obs.range()
             q.set_range(lo, hi)
             scaled += int(q.needs_calibration)
-            stats: dict[str, Any] = {"path": path, "min": _jsonable(obs.min), "max": _jsonable(obs.max),  # type: ignore
-                                     "lo": _jsonable(lo), "hi": _jsonable(hi), "numel": obs.numel}
+            stats: dict[str, Any] = {"path": path, "min": _values(obs.min), "max": _values(obs.max),  # type: ignore
+                                     "lo": _values(lo), "hi": _values(hi), "numel": obs.numel}
             if q.fmt.scaled:
-                stats.update(scale=_jsonable(q.scale), zero_point=_jsonable(q.zero_point))
+                stats.update(scale=_values(q.scale), zero_point=_values(q.zero_point))
             node, key = owners.get(path, (None, path))
             if node is None:
                 continue

@@ -162,7 +162,7 @@ class Quantize(nn.Module):
             if not self.calibrated:
                 raise RuntimeError(
                     f"{self.role} quantizer ({self.spec.format}, static scale) is not calibrated: run "
-                    "calibrate_analysis_pass first, or set '<role>_dynamic': True"
+                    "calibrate_transform_pass first, or set '<role>_dynamic': True"
                 )
             return QuantContext(block_axis, channel_axis, self.scale, self.zero_point)
         lo, hi = tensor_range(x, channel_axis if self.per_channel else None)

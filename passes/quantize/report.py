@@ -190,10 +190,10 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
     return graph, info
 
 
-def format_report(info: QuantReportInfo | dict[str, Any]) -> str:
+def format_report(info: QuantReportInfo) -> str:
     """A plain-text table of the report (the shared table formatter) and a summary line."""
     rows = [{"node": r["node"], "op": r["op"], "format": r["format"], "SQNR dB": f"{r['sqnr_db']:.2f}"}
-            for r in info["nodes"]]
-    bits = ["-" if b is None else f"{b:.2f}" for b in (info["avg_weight_bits"], info["avg_activation_bits"])]
-    return (format_table(rows) + f"\nmodel output SQNR {info['output_sqnr_db']:.2f} dB; average weight bits "
+            for r in info.nodes]
+    bits = ["-" if b is None else f"{b:.2f}" for b in (info.avg_weight_bits, info.avg_activation_bits)]
+    return (format_table(rows) + f"\nmodel output SQNR {info.output_sqnr_db:.2f} dB; average weight bits "
             f"{bits[0]}, activation bits {bits[1]}")

@@ -14,7 +14,7 @@ Defaults (documented choices):
 * ``targets``: every ``nn.Linear`` of the graph (MASE parity; for BERT that is query/key/value/dense,
   the pooler and the classifier). A selector narrows it; LoRA candidates are always nn.Linear layers,
   so ``{"regex": r".*attention.*"}`` adapts the attention's linears and ignores its dropout. A selected
-  non-Linear layer is listed in ``info["skipped"]``; when no Linear is selected the pass fails.
+  non-Linear layer is listed in ``info.skipped``; when no Linear is selected the pass fails.
 * ``trainable`` (PEFT's ``modules_to_save``): modules kept fully trainable, e.g. a freshly initialised
   classifier head ``{"name": "classifier"}``. Linear layers inside them get no adapter.
 * ``freeze_rest=True``: every parameter that is neither an adapter nor in ``trainable`` is frozen

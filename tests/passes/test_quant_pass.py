@@ -144,7 +144,7 @@ def test_calibration_sets_scales_and_metadata(bert_graph: ForgeGraph) -> None:
                                                "weight_granularity": "per_channel"}}}
     mg, _ = quantize_transform_pass(bert_graph.copy(), cfg)
     inputs = bert_inputs()
-    with pytest.raises(RuntimeError, match="not calibrated: run calibrate_analysis_pass"):
+    with pytest.raises(RuntimeError, match="not calibrated: run calibrate_transform_pass"):
         _logits(mg, inputs)
     data = [bert_inputs(batch=4, seq=9), bert_inputs(batch=2, seq=13)]
     mg, info = calibrate_analysis_pass(mg, {"data": data, "method": "minmax"})
