@@ -179,13 +179,13 @@ class Pipeline:
                                 "(give data=[batch, ...] or verify=False)") from None
         started, reports, done = time.perf_counter(), [], []
         pos = len(mg.history)
-        mg.history.append(self._record(done, 0))
+        mg.history.append(self._record(done, 0, verify))
         for step in self.steps:
             mg, report = self._run_step(mg, step, verify, checker)
             reports.append(report)
             if step.name != "export":
                 done.append(step)
-            mg.history[pos] = self._record(done, len(mg.history) - pos - 1)
+            mg.history[pos] = self._record(done, len(mg.history) - pos - 1, verify)
             if report.contract.ok:
                 continue
             raise ContractViolation(
@@ -216,10 +216,11 @@ class Pipeline:
         return out, StepReport(step.index, step.name, step.spec.kind, jsonable(dict(step.args)), seconds, info,
                                result)
 
-    def _record(self, done: list[Step], records: int) -> PassRecord:
+    def _record(self, done: list[Step], records: int, verify: bool) -> PassRecord:
+        """The history entry: the steps run so far (as given), and how many pass records follow it."""
         steps = [{**s.to_json(), "replayable": s.replayable} for s in done]
         return PassRecord(name=PIPELINE_RECORD, kind=PIPELINE_RECORD,
-                          args={"name": self.name, "verify": self.verify, "steps": steps, "records": records})
+                          args={"name": self.name, "verify": verify, "steps": steps, "records": records})
 
     def _report(self, reports: list[StepReport], started: float, checker: ContractChecker | None) -> PipelineReport:
         return PipelineReport(self.name, tuple(reports), time.perf_counter() - started,
