@@ -4,7 +4,7 @@ Embedded (a path or None): Optuna's journal file under the run directory — app
 killed with Ctrl-C or SIGKILL loses no finished trial and resumes. ``sqlite:///…`` and
 ``postgresql://…`` use Optuna's RDBStorage; for PostgreSQL every worker sends a heartbeat, and a trial
 whose worker died (no heartbeat for ``grace_period`` s) is marked failed and re-queued with the same
-parameters by :class:`optuna.storages.RetryFailedTrialCallback`, so another worker finishes it.
+parameters by :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`, so another worker finishes it.
 Both kinds are what ``optuna-dashboard`` reads (``optuna-dashboard <journal file or URL>``).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
-from optuna.storages import JournalStorage, RDBStorage, RetryFailedTrialCallback
+from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 
 from .errors import SearchError
@@ -62,7 +62,7 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
     kwargs: dict[str, object] = {}
     if kind == "postgresql":
         kwargs = {"heartbeat_interval": spec.heartbeat_interval, "grace_period": spec.grace_period,
-                  "failed_trial_callback": RetryFailedTrialCallback(max_retry=spec.max_retry)}
+                  "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)}
         engine = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 5}}
     else:
         engine = {}
