@@ -113,6 +113,12 @@ def module_op_name(module: nn.Module) -> str:
     return op if isinstance(op, str) else _snake(type(module).__name__)
 
 
+def module_type_name(module: nn.Module | type) -> str:
+    """The dotted class path recorded as a call_module node's ``module_type`` (the one spelling)."""
+    cls = module if isinstance(module, type) else type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def classify(node: fx.Node, root: nn.Module) -> tuple[NodeKind, str]:
     """(kind, canonical op) of a node.
 

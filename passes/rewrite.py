@@ -1,0 +1,265 @@
+"""The one rewrite engine: module swaps and graph rewrites that keep node metadata true.
+
+Every transform that changes what a node computes goes through here, so no pass refreshes metadata
+by hand. Two entry points:
+
+* **Module swaps** (PEFT's idea: LoRA adapters, quantized / lowered / pruned layers)::
+
+      done = inject_modules(gm, targets, exclude, build)       # select -> build -> set -> refresh
+      swap_module(gm, "encoder.0.fc", new_module)              # one path, no selector
+
+  The node keeps its name and target; its identity (kind, op, module_type) and values (parameters,
+  result shapes) are re-derived; software/hardware records stay.
+
+* **Graph rewrites** (remove dropout, quantizer insertion, CSE, folding, fusion)::
+
+      with GraphRewrite(gm) as rw:
+          q = rw.call_module("quant.x", Quantize(...), (x,), before=node)   # new node
+          rw.set_arg(node, 0, q)                                             # rewire an input
+          rw.bypass(dropout_node, dropout_node.args[0])                      # erase, users take the input
+          rw.replace(node, "call_module", "attn", (q, k, v), module=m)       # same name, new computation
+          rw.replace_pattern(nodes, build)                                   # a matched subgraph -> new nodes
+
+  On exit the engine derives metadata for every new or touched node (in graph order, from the values
+  recorded on their inputs, see passes/propagate.py), drops submodules nothing calls any more and
+  lints the graph. Metadata after a rewrite equals what the metadata passes compute afresh.
+
+Callers recompile (the pass decorator does it for transforms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+import torch.fx as fx
+import torch.nn as nn
+
+from ..graph.metadata import has_meta
+from .propagate import Underivable, derive_nodes, has_values, init_node
+from .select import select_nodes
+
+__all__ = ["Builder", "GraphRewrite", "Injection", "NoMatchError", "describe_candidates", "inject_modules",
+           "refresh_nodes", "set_module", "swap_module"]
+
+Builder = Callable[[str, nn.Module], nn.Module | None]
+CallOp = Literal["call_module", "call_function", "call_method"]
+
+
+class NoMatchError(ValueError):
+    """A selector matched no layer; the message lists what could have matched."""
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One replaced layer: where, what it was, what it is now."""
+
+    name: str
+    old_type: str
+    new_type: str
+
+
+# -- metadata upkeep --------------------------------------------------------------------------------
+def refresh_nodes(gm: fx.GraphModule, nodes: Iterable[fx.Node] | None = None) -> None:
+    """Make ``nodes``' metadata (default: all) what a fresh metadata pass would record.
+
+    A graph without metadata is left alone; a graph with identities only gets identities; a graph
+    with recorded values gets values derived from the nodes' inputs. Software/hardware records stay.
+    """
+    chosen = list(gm.graph.nodes) if nodes is None else [n for n in nodes if n.graph is gm.graph]
+    others = [n for n in gm.graph.nodes if n not in set(chosen)]
+    if not chosen or not any(has_meta(n) for n in others + chosen):
+        return
+    if has_values(gm):
+        try:
+            derive_nodes(gm, chosen)
+            return
+        except Underivable:
+            pass
+    for node in chosen:
+        software = node.meta["fxforge"].software if has_meta(node) else None
+        init_node(node, gm)
+        if software is not None:
+            node.meta["fxforge"].software = software
+
+
+def param_users(gm: fx.GraphModule) -> list[fx.Node]:
+    """Nodes whose recorded values mention parameters (call_module, get_attr and its users): what a
+    requires_grad change must refresh."""
+    out: list[fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "get_attr") or any(i.op == "get_attr" for i in node.all_input_nodes):
+            out.append(node)
+    return out
+
+
+# -- module swaps -----------------------------------------------------------------------------------
+def describe_candidates(gm: fx.GraphModule, limit: int = 8) -> str:
+    """A short list of the call_module layers a selector could name: 'Linear: a.b, c.d, ...'."""
+    by_type: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            by_type.setdefault(type(gm.get_submodule(str(node.target))).__name__, []).append(str(node.target))
+    parts = [f"{t} ({len(v)}): {', '.join(v[:3])}{', ...' if len(v) > 3 else ''}" for t, v in by_type.items()]
+    return "; ".join(parts[:limit]) or "no call_module layers"
+
+
+def set_module(root: nn.Module, path: str, module: nn.Module) -> None:
+    """Put ``module`` at dotted ``path`` under ``root`` (parents must exist). No metadata upkeep:
+    use :func:`swap_module` on a graph."""
+    parent_path, _, leaf = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, leaf, module)
+
+
+def _callers(gm: fx.GraphModule, paths: set[str]) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_module" and str(n.target) in paths]
+
+
+def swap_module(gm: fx.GraphModule, path: str, module: nn.Module) -> Injection:
+    """Replace the module at ``path`` and refresh the metadata of every node that calls it."""
+    old = gm.get_submodule(path)
+    set_module(gm, path, module)
+    refresh_nodes(gm, _callers(gm, {path}))
+    return Injection(path, type(old).__name__, type(module).__name__)
+
+
+def inject_modules(gm: fx.GraphModule, targets: Any, exclude: Any, build: Builder,
+                   what: str = "layer") -> list[Injection]:
+    """Replace every selected call_module's module by ``build(name, module)`` (None = leave it).
+
+    A module called from several nodes is replaced once; the calling nodes' metadata is refreshed.
+    Raises NoMatchError when the selector matches nothing or every match was declined by ``build``.
+    """
+    done: dict[str, Injection] = {}
+    for _, name, module, _ in list(select_nodes(gm, targets, exclude, modules_only=True)):
+        if name in done or module is None:
+            continue
+        new = build(name, module)
+        if new is None:
+            continue
+        set_module(gm, name, new)
+        done[name] = Injection(name, type(module).__name__, type(new).__name__)
+    if not done:
+        raise NoMatchError(f"no {what} matched targets={targets!r} exclude={exclude!r}; "
+                           f"candidates: {describe_candidates(gm)}")
+    refresh_nodes(gm, _callers(gm, set(done)))
+    return list(done.values())
+
+
+# -- graph rewrites ---------------------------------------------------------------------------------
+class GraphRewrite:
+    """A batch of node-level edits whose metadata is derived when the ``with`` block ends.
+
+    Edits: :meth:`call_module` / :meth:`call_function` (insert), :meth:`set_arg` (rewire),
+    :meth:`bypass` (erase a node, its users take a value), :meth:`replace` (a node computes something
+    else under the same name), :meth:`replace_pattern` (a subgraph becomes new nodes). Touched nodes
+    and their direct users are re-derived; :meth:`touch` adds nodes changed by other means (e.g. a
+    module mutated in place).
+    """
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.graph = gm.graph
+        self.touched: set[fx.Node] = set()
+        self.erased = 0
+        self.inserted = 0
+
+    def __enter__(self) -> GraphRewrite:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.finish()
+
+    def touch(self, *nodes: fx.Node) -> None:
+        """Mark nodes whose metadata must be re-derived."""
+        self.touched.update(nodes)
+
+    def _insert_point(self, before: fx.Node | None, after: fx.Node | None) -> Any:
+        if (before is None) == (after is None):
+            raise ValueError("give exactly one of before= or after=")
+        return self.graph.inserting_before(before) if before is not None else self.graph.inserting_after(after)
+
+    def call_module(self, path: str, module: nn.Module | None, args: tuple[Any, ...],
+                    kwargs: dict[str, Any] | None = None, *, before: fx.Node | None = None,
+                    after: fx.Node | None = None) -> fx.Node:
+        """Insert a call of the module at ``path`` (registered there first when ``module`` is given)."""
+        if module is not None:
+            self.gm.add_submodule(path, module)
+        with self._insert_point(before, after):
+            node = self.graph.call_module(path, args, kwargs)
+        self.inserted += 1
+        self.touch(node)
+        return node
+
+    def call_function(self, target: Callable[..., Any], args: tuple[Any, ...],
+                      kwargs: dict[str, Any] | None = None, *, before: fx.Node | None = None,
+                      after: fx.Node | None = None) -> fx.Node:
+        """Insert a call_function node."""
+        with self._insert_point(before, after):
+            node = self.graph.call_function(target, args, kwargs)
+        self.inserted += 1
+        self.touch(node)
+        return node
+
+    def set_arg(self, node: fx.Node, index: int, value: Any) -> None:
+        """Replace positional argument ``index`` of ``node``."""
+        args = list(node.args)
+        args[index] = value
+        node.args = tuple(args)
+        self.touch(node)
+
+    def redirect_users(self, node: fx.Node, value: fx.Node, keep: Callable[[fx.Node], bool] | None = None) -> None:
+        """Users of ``node`` read ``value`` instead (except those ``keep`` names, e.g. ``value`` itself)."""
+        users = [u for u in node.users if keep is None or not keep(u)]
+        for user in users:
+            user.replace_input_with(node, value)
+        self.touch(*users)
+
+    def bypass(self, node: fx.Node, value: Any) -> None:
+        """Erase ``node``; its users read ``value`` (a node or constant) instead."""
+        users = list(node.users)
+        node.replace_all_uses_with(value) if isinstance(value, fx.Node) else [
+            u.replace_input_with(node, value) for u in users]
+        self.touched.discard(node)
+        self.graph.erase_node(node)
+        self.erased += 1
+        self.touch(*users)
+
+    def replace(self, node: fx.Node, op: CallOp, target: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any] | None = None, *, module: nn.Module | None = None) -> fx.Node:
+        """Make ``node`` compute ``op(target)(*args, **kwargs)`` in place: its name and users stay
+        (reports and baselines match nodes by name). ``module`` is registered at ``target`` first."""
+        if module is not None:
+            self.gm.add_submodule(str(target), module)
+        node.op, node.target = op, target
+        node.args, node.kwargs = args, dict(kwargs or {})
+        self.touch(node, *node.users)
+        return node
+
+    def replace_pattern(self, nodes: list[fx.Node], build: Callable[[GraphRewrite, fx.Node], fx.Node]) -> fx.Node:
+        """Replace a matched subgraph (``nodes`` in graph order; the last is its single output) by the
+        node ``build(self, last)`` returns (``build`` inserts new nodes before ``last``). Nodes of the
+        pattern nobody else uses are erased."""
+        last = nodes[-1]
+        new = build(self, last)
+        last.replace_all_uses_with(new, delete_user_cb=lambda u: u is not new)
+        self.touch(new, *new.users)
+        for node in reversed(nodes):
+            if not node.users:
+                self.touched.discard(node)
+                self.graph.erase_node(node)
+                self.erased += 1
+        return new
+
+    def finish(self) -> None:
+        """Derive metadata of touched nodes, drop unused submodules, lint."""
+        live = {n for n in self.touched if n.graph is self.graph and n in set(self.graph.nodes)}
+        self.graph.lint()
+        self.gm.delete_all_unused_submodules()
+        refresh_nodes(self.gm, live)
+        self.touched.clear()
