@@ -66,11 +66,10 @@ def _constraints_of(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
 
 def apply_steps(graph: ForgeGraph, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> ForgeGraph:
     """Run plan steps in order on ``graph`` (in place): each is a registered pass with its args."""
-    from ..pipelines import Pipeline
+    from ..passes.base import get_pass
 
-    if not steps:
-        return graph
-    graph, _ = Pipeline(list(steps))(graph, inplace=True, verify=False)
+    for name, args in steps:
+        graph, _ = get_pass(name)(graph, dict(args))
     return graph
 
 
