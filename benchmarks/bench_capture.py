@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import time  # noqa: E402
 
 import torch  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.examples.demo import load_minilm_classifier  # noqa: E402
 

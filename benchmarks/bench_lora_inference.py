@@ -18,6 +18,7 @@ import argparse  # noqa: E402
 import statistics  # noqa: E402
 
 import torch  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.examples.lora_finetune import HF_NAMES, LORA_ARGS, fresh_minilm, inference_times  # noqa: E402
 from fxforge.passes.transform.lora import lora_layers  # noqa: E402

@@ -24,6 +24,7 @@ from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.models.bert import minilm_for_sequence_classification  # noqa: E402
 from fxforge.passes.transform.lora import lora_layers  # noqa: E402

@@ -22,6 +22,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402
     calibrate_analysis_pass,

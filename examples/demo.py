@@ -20,6 +20,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.graph.metadata import get_meta  # noqa: E402
 

@@ -32,6 +32,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.data import get_tokenized_dataset, get_trainer  # noqa: E402
 from fxforge.models.bert import MINILM_NAME, minilm_for_sequence_classification  # noqa: E402

@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+
 from fxforge.data import get_tokenized_dataset, get_trainer  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402
@@ -111,8 +112,9 @@ def accuracy(model: Any, data: list[dict[str, torch.Tensor]]) -> float:
 
 def finetune(args: argparse.Namespace, ds: Any, tokenizer: Any) -> torch.nn.Module:
     """The fp32 MiniLM IMDb classifier: from the cache, or fine-tuned now and cached."""
-    from fxforge.models.bert import minilm_for_sequence_classification
     from transformers import AutoModelForSequenceClassification
+
+    from fxforge.models.bert import minilm_for_sequence_classification
 
     cache = Path(args.cache_dir) / f"minilm-imdb-{args.train}-{args.length}"
     if (cache / "config.json").is_file():

@@ -8,7 +8,6 @@ import optuna
 import pytest
 import torch
 import torch.nn as nn
-
 from fxforge import ForgeGraph
 from fxforge.search import Constraint, MixedPrecisionSpace, Search, SearchError, TensorTask
 

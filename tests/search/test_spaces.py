@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import optuna
 import pytest
-
 from fxforge.search import (
     JointSpace,
     LoRARankSpace,

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from fxforge.search import SearchError, StorageSpec
 from fxforge.search.storage import open_storage
 
