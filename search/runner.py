@@ -64,6 +64,12 @@ def _constraints_of(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
     return trial.user_attrs.get("constraints", [0.0])
 
 
+def _fail_interrupted(study: optuna.Study) -> None:
+    """Mark trials left RUNNING by a killed process as FAIL (the embedded store has one writer at a time)."""
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+
 def apply_steps(graph: ForgeGraph, steps: Sequence[tuple[str, Mapping[str, Any]]]) -> ForgeGraph:
     """Run plan steps in order on ``graph`` (in place): each is a registered pass with its args."""
     from ..passes.base import get_pass
@@ -159,6 +165,8 @@ class Search:
             if not self.resume:
                 raise SearchError(f"study {self.study_name!r} already exists ({len(study.trials)} trials); "
                                   "pass resume=True to continue it, or choose another study_name")
+            if StorageSpec(self.storage).kind == "journal":
+                _fail_interrupted(study)
             return study
         study = optuna.create_study(storage=storage, study_name=self.study_name, directions=directions,
                                     sampler=self._make_sampler(), pruner=_pruner(self.pruner))
