@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
+from .runner import PLAN_ATTR, trial_plan_key, trial_result
 from .space import TrialPlan
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def pareto_front(trials: Sequence[optuna.trial.FrozenTrial],
     for t in trials:
         if t.values is None or any(_dominates(o.values, t.values, signs) for o in trials if o.values is not None):
             continue
-        key = t.user_attrs.get("plan_key", t.number)
+        key = trial_plan_key(t) or t.number
         if key not in seen:
             seen.add(key)
             front.append(t)
@@ -46,7 +47,7 @@ def pareto_front(trials: Sequence[optuna.trial.FrozenTrial],
 
 
 def _feasible(t: optuna.trial.FrozenTrial) -> bool:
-    return all(c <= 0 for c in t.user_attrs.get("constraints", [0.0]))
+    return all(c <= 0 for c in trial_result(t).get("constraints", [0.0]))
 
 
 class SearchResult:
@@ -77,7 +78,7 @@ class SearchResult:
             for name, v in zip(self.objectives, t.values or [None] * len(self.objectives)):
                 row[name] = v
             row["feasible"] = _feasible(t)
-            row["cached"] = "cached_from" in t.user_attrs
+            row["cached"] = "cached_from" in trial_result(t)
             row["params"] = dict(t.params)
             out.append(row)
         return out
@@ -192,7 +193,7 @@ class SearchResult:
 
         if self.search is None:
             raise ValueError("rebuilding needs the Search that ran the study")
-        plan = plan_from_json(trial.user_attrs["plan"])
+        plan = plan_from_json(trial.user_attrs[PLAN_ATTR])
         graph = build_trial_graph(self.search._bound, plan, self.search.base, self.search.capture)
         graph = apply_steps(graph, plan.before_training())
         if plan.train and self.search.task is not None:

@@ -60,8 +60,20 @@ def _pruner(name: str | None) -> optuna.pruners.BasePruner:
     raise SearchError(f"unknown pruner {name!r}; choose from {list(PRUNERS)}")
 
 
+PLAN_ATTR, RESULT_ATTR = "fxforge_plan", "fxforge_result"
+
+
+def trial_result(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """What fxforge recorded after evaluating a trial: values by objective, constraints, timing, cache hit."""
+    return dict(trial.user_attrs.get(RESULT_ATTR, {}))
+
+
+def trial_plan_key(trial: optuna.trial.FrozenTrial) -> str | None:
+    return trial.user_attrs.get(PLAN_ATTR, {}).get("key")
+
+
 def _constraints_of(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
-    return trial.user_attrs.get("constraints", [0.0])
+    return trial_result(trial).get("constraints", [0.0])
 
 
 def _fail_interrupted(study: optuna.Study) -> None:
@@ -199,14 +211,10 @@ class Search:
         t0 = time.perf_counter()
         plan = self._bound.suggest(trial)
         key = plan.key()
-        trial.set_user_attr("plan_key", key)
-        trial.set_user_attr("plan", plan.to_json())
+        trial.set_user_attr(PLAN_ATTR, {"key": key, **plan.to_json()})  # one write: replayable even if we die
         cached = self._cached(trial.study, key)
         if cached is not None:
-            trial.set_user_attr("cached_from", cached.number)
-            for k in ("constraints", "values_by_name"):
-                if k in cached.user_attrs:
-                    trial.set_user_attr(k, cached.user_attrs[k])
+            trial.set_user_attr(RESULT_ATTR, {**trial_result(cached), "cached_from": cached.number})
             return list(cached.values)
         t1 = time.perf_counter()
         graph = build_trial_graph(self._bound, plan, self.base, self.capture)
@@ -220,16 +228,17 @@ class Search:
         t3 = time.perf_counter()
         values = {o.name: float(o.measure(graph, self.task)) for o in self._objectives}
         t4 = time.perf_counter()
-        trial.set_user_attr("values_by_name", values)
+        result: dict[str, Any] = {"values": values,
+                                  "timing_s": {"sample": t1 - t0, "build": t2 - t1, "run": t3 - t2, "measure": t4 - t3}}
         if self.constraints:
-            trial.set_user_attr("constraints", [c.violation(values, self._baseline) for c in self.constraints])
-        trial.set_user_attr("timing_s", {"sample": t1 - t0, "build": t2 - t1, "run": t3 - t2, "measure": t4 - t3})
+            result["constraints"] = [c.violation(values, self._baseline) for c in self.constraints]
+        trial.set_user_attr(RESULT_ATTR, result)
         return [values[o.name] for o in self._objectives]
 
     @staticmethod
     def _cached(study: optuna.Study, key: str) -> optuna.trial.FrozenTrial | None:
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if t.user_attrs.get("plan_key") == key:
+            if trial_plan_key(t) == key:
                 return t
         return None
 

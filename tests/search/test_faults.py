@@ -12,7 +12,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from fxforge.search.storage import StorageSpec, open_storage
 
 SCRIPT = textwrap.dedent('''
@@ -21,7 +20,8 @@ SCRIPT = textwrap.dedent('''
     from fxforge.search import MixedPrecisionSpace, Objective, Search, TensorTask
     from fxforge.search.objectives import avg_weight_bits
 
-    storage, study, n_trials, run_dir, sleep = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+    storage, study, run_dir = sys.argv[1], sys.argv[2], sys.argv[4]
+    n_trials, sleep = int(sys.argv[3]), float(sys.argv[5])
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
     x = torch.randn(32, 8)

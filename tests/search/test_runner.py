@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 from fxforge import ForgeGraph
 from fxforge.search import Constraint, MixedPrecisionSpace, Search, SearchError, TensorTask
+from fxforge.search.runner import trial_plan_key, trial_result
 
 
 class _Net(nn.Module):
@@ -52,7 +53,7 @@ def test_trials_start_from_fresh_copies_and_results_rebuild(setup, tmp_path: Pat
     done = result.completed()
     assert len(done) == 6 and result.baseline["accuracy"] == 1.0 and result.baseline["avg_weight_bits"] == 32.0
     for t in done:  # every trial quantized both layers with its own widths, on a fresh copy
-        bits = t.user_attrs["values_by_name"]["avg_weight_bits"]
+        bits = trial_result(t)["values"]["avg_weight_bits"]
         assert bits < 32.0
     front = result.front()
     assert front and all(r["feasible"] for r in result.rows())
@@ -70,11 +71,11 @@ def test_identical_plans_are_evaluated_once(setup, tmp_path: Path) -> None:
     mg, task = setup
     space = MixedPrecisionSpace({"integer": {"width": [8], "frac_width": [2, 4]}}, roles=("weight",))
     result = _search(mg, task, tmp_path, space=space, n_trials=5).run()
-    cached = [t for t in result.completed() if "cached_from" in t.user_attrs]
-    keys = {t.user_attrs["plan_key"] for t in result.completed()}
+    cached = [t for t in result.completed() if "cached_from" in trial_result(t)]
+    keys = {trial_plan_key(t) for t in result.completed()}
     assert len(keys) <= 2 and len(cached) == 5 - len(keys)
     for t in cached:
-        assert t.values == result.study.trials[t.user_attrs["cached_from"]].values
+        assert t.values == result.study.trials[trial_result(t)["cached_from"]].values
 
 
 def test_resume_keeps_finished_trials_once_and_clashes_are_refused(setup, tmp_path: Path) -> None:
