@@ -73,7 +73,9 @@ def latency_ms(graph: ForgeGraph, task: Task | None, repeats: int = 5) -> float:
     """Median wall time (ms) of ``repeats`` forwards on the first eval batch (or the example inputs)."""
     batch: Any
     if task is not None and task.eval_batches():
-        batch = task.eval_batches()[0][0]
+        from .task import with_labels
+
+        batch = with_labels(graph.model, *task.eval_batches()[0])
     elif graph.example_inputs is not None:
         batch = graph.example_inputs
     else:

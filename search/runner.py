@@ -151,6 +151,9 @@ class Search:
         if self.sampler not in SAMPLERS:
             raise SearchError(f"unknown sampler {self.sampler!r}; choose from {list(SAMPLERS)}")
         _pruner(self.pruner)
+        if self.pruner not in (None, "none") and len(self._objectives) > 1:
+            raise SearchError("pruners need a single objective (Optuna cannot report intermediate values of a "
+                              "multi-objective trial); drop the pruner or keep one objective")
         if self.space.needs_graph and self.base is None:
             raise SearchError(f"a {self.space.kind} space starts every trial from a base graph: pass base=")
         self.run_dir = Path(self.run_dir)
@@ -223,7 +226,7 @@ class Search:
         if plan.train:
             if self.task is None:
                 raise SearchError("this space fine-tunes every trial: pass a task that can train")
-            self.task.train(graph, trial)
+            self.task.train(graph, trial if len(self._objectives) == 1 else None)
         graph = apply_steps(graph, plan.after_training())
         t3 = time.perf_counter()
         values = {o.name: float(o.measure(graph, self.task)) for o in self._objectives}

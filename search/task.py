@@ -40,6 +40,14 @@ def logits_of(output: Any) -> torch.Tensor:
     raise SearchError(f"cannot find logits in a model output of type {type(output).__name__}")
 
 
+def with_labels(model: torch.nn.Module, inputs: Mapping[str, Any], labels: torch.Tensor) -> dict[str, Any]:
+    """``inputs`` plus ``labels`` when the model's forward takes them (a graph captured with labels needs them)."""
+    from ..data import _accepted_keys
+
+    keys = _accepted_keys(model)
+    return {**inputs, "labels": labels} if keys is not None and "labels" in keys else dict(inputs)
+
+
 class Task(ABC):
     """Evaluation data (and optionally training) for a search."""
 
@@ -60,7 +68,7 @@ class Task(ABC):
         try:
             with torch.no_grad():
                 for inputs, labels in self.eval_batches():
-                    pred = logits_of(model(**inputs)).argmax(-1)
+                    pred = logits_of(model(**with_labels(model, inputs, labels))).argmax(-1)
                     correct += int((pred == labels).sum())
                     total += int(labels.numel())
         finally:
