@@ -29,7 +29,8 @@ WIDTHS = {"width": [2, 3, 4, 6, 8], "frac_width": [1, 2, 3, 4, 5]}
 def uniform(width: int, frac: int) -> list[tuple[str, dict]]:
     cfg = {"name": "integer", **{f"{r}_{k}": v for r in ("data_in", "weight", "bias")
                                  for k, v in (("width", width), ("frac_width", frac))}}
-    return [("quantize_transform_pass", {"by": "type", "default": {"config": {"name": None}}, "linear": {"config": cfg}})]
+    config = {"by": "type", "default": {"config": {"name": None}}, "linear": {"config": cfg}}
+    return [("quantize_transform_pass", config)]
 
 
 def main(argv: list[str] | None = None) -> int:
