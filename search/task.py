@@ -102,11 +102,12 @@ class TextClassificationTask(Task):
         train_args: ``get_trainer`` keyword overrides (``num_train_epochs``, ``learning_rate``, ``max_steps``, ...).
         eval_batch_size: batch size of the held-out batches.
         report_every: evaluate (and report to the pruner) every this many optimizer steps.
+        progress: show the HF Trainer's progress bar while a trial trains.
     """
 
     def __init__(self, dataset: str = "imdb", checkpoint: str | None = None, train_size: int = 800,
                  eval_size: int = 200, max_length: int = 128, train_args: Mapping[str, Any] | None = None,
-                 eval_batch_size: int = 32, report_every: int = 0) -> None:
+                 eval_batch_size: int = 32, report_every: int = 0, progress: bool = True) -> None:
         from ..data import get_tokenized_dataset
         from ..models.bert import MINILM_NAME
 
@@ -117,7 +118,7 @@ class TextClassificationTask(Task):
             test_limit=eval_size)
         self.max_length, self.eval_batch_size = max_length, eval_batch_size
         self.train_args = dict(train_args or {})
-        self.report_every = report_every
+        self.report_every, self.progress = report_every, progress
         self._eval: list[Batch] | None = None
 
     def eval_batches(self) -> Sequence[Batch]:
@@ -155,7 +156,7 @@ class TextClassificationTask(Task):
 
         overrides = dict(task.train_args)
         training_args = dict(overrides.pop("training_args", {}))
-        training_args.setdefault("disable_tqdm", True)
+        training_args.setdefault("disable_tqdm", not self.progress)  # a bar per trial's training
         training_args.setdefault("logging_strategy", "no")
         if self.report_every:
             training_args.update(eval_strategy="steps", eval_steps=self.report_every)

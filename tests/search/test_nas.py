@@ -16,7 +16,7 @@ HF_NAMES = ["input_ids", "attention_mask", "labels"]
 @pytest.fixture(scope="module")
 def task() -> TextClassificationTask:
     return TextClassificationTask(train_size=64, eval_size=32, max_length=32, eval_batch_size=16,
-                                  train_args={"max_steps": 4, "per_device_train_batch_size": 16,
+                                  progress=False, train_args={"max_steps": 4, "per_device_train_batch_size": 16,
                                               "learning_rate": 1e-3}, report_every=2)
 
 
