@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["JointSpace", "LoRARankSpace", "PruningSpace"]
 
-PRUNE_METHODS = ("random", "l1", "l2")
+PRUNE_METHODS = ("random", "l1", "l2", "taylor")
 PRUNE_GRANULARITIES = ("elementwise", "row", "channel", "head", "ffn")
 
 
@@ -28,13 +28,15 @@ class PruningSpace(SearchSpace):
     """Sparsity per layer group: ``groups`` maps a group name to a selector (default: every Linear).
 
     Each group samples its sparsity from ``sparsity`` (0 means "leave it dense") and becomes one
-    ``prune_transform_pass`` step with MASE's config shape.
+    ``prune_transform_pass`` step with MASE's config shape. With ``shrink`` (structured granularities
+    only) the pruned rows, heads or FFN units are then physically removed (``shrink_transform_pass``),
+    so the model really gets smaller and faster.
     """
 
     kind = "pruning"
 
     def __init__(self, sparsity: Sequence[float], groups: Mapping[str, Any] | None = None, method: str = "l1",
-                 granularity: str = "elementwise", scope: str = "local") -> None:
+                 granularity: str = "elementwise", scope: str = "local", shrink: bool = False) -> None:
         self.sparsity = check_choices("pruning sparsity", sparsity)
         bad = [s for s in self.sparsity if not isinstance(s, int | float) or isinstance(s, bool) or not 0 <= s < 1]
         if bad:
@@ -46,7 +48,9 @@ class PruningSpace(SearchSpace):
         if scope not in ("local", "global"):
             raise SearchError(f"pruning scope must be 'local' or 'global', got {scope!r}")
         self.groups = dict(groups) if groups else {"linear": {"type": ["linear"]}}
-        self.method, self.granularity, self.scope = method, granularity, scope
+        if shrink and granularity == "elementwise":
+            raise SearchError("pruning shrink needs a structured granularity (row, channel, head, ffn)")
+        self.method, self.granularity, self.scope, self.shrink = method, granularity, scope, bool(shrink)
 
     def bind(self, graph: ForgeGraph | None) -> PruningSpace:
         from ..passes.base import PASSES
@@ -64,11 +68,13 @@ class PruningSpace(SearchSpace):
                     "weight": {"sparsity": float(s), "method": self.method, "scope": self.scope,
                                "granularity": self.granularity},
                     "targets": selector}))
+        if steps and self.shrink:
+            steps.append(("shrink_transform_pass", {}))
         return TrialPlan(tuple(steps))
 
     def to_spec(self) -> dict[str, Any]:
         return {"kind": self.kind, "sparsity": list(self.sparsity), "groups": self.groups, "method": self.method,
-                "granularity": self.granularity, "scope": self.scope}
+                "granularity": self.granularity, "scope": self.scope, "shrink": self.shrink}
 
 
 class LoRARankSpace(SearchSpace):
@@ -132,7 +138,7 @@ class JointSpace(SearchSpace):
 
 
 def _pruning(spec: Mapping[str, Any]) -> PruningSpace:
-    unknown_keys("pruning", spec, ("sparsity", "groups", "method", "granularity", "scope"))
+    unknown_keys("pruning", spec, ("sparsity", "groups", "method", "granularity", "scope", "shrink"))
     return PruningSpace(**dict(spec))
 
 

@@ -29,8 +29,8 @@ __all__ = ["SPACES", "SearchSpace", "Step", "TrialPlan", "check_choices", "space
 Step = tuple[str, Mapping[str, Any]]
 
 # Stage of each pass in the standard compression order (prune → LoRA → [train] → fuse → quantize → lower).
-STAGES: dict[str, int] = {
-    "prune_transform_pass": 0, "structured_prune_transform_pass": 0, "insert_lora_adapter_transform_pass": 1,
+STAGES: dict[str, float] = {
+    "prune_transform_pass": 0, "shrink_transform_pass": 0.5, "insert_lora_adapter_transform_pass": 1,
     "fuse_lora_weights_transform_pass": 3, "quantize_transform_pass": 4, "calibrate_analysis_pass": 5,
     "calibrate_transform_pass": 5, "lower_int8_transform_pass": 6,
 }
