@@ -42,7 +42,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         {"pass": "lower_int8_transform_pass"},
     ]},
     "lora-finetune": {"name": "lora-finetune", "steps": [
-        {"pass": "insert_lora_adapter_transform_pass", "args": {"rank": 8, "alpha": 16.0}},
+        # PEFT's sequence-classification recipe: adapters on the encoder, the classifier head fully trained
+        {"pass": "insert_lora_adapter_transform_pass",
+         "args": {"rank": 8, "alpha": 16.0, "trainable": {"name": "classifier"}}},
         {"pass": "finetune"},
         {"pass": "fuse_lora_weights_transform_pass"},
     ]},

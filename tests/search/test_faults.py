@@ -67,6 +67,8 @@ def test_killed_postgres_worker_trial_is_retried_and_study_completes(postgres_ur
     _wait_running(storage, "kill")
     victim.send_signal(signal.SIGKILL)
     victim.wait()
+    spec = StorageSpec(postgres_url)  # let the dead worker's heartbeat go stale, so the first survivor trial sees it
+    time.sleep(spec.grace_period + spec.heartbeat_interval)
     survivors = [_spawn(script, postgres_url, "kill", 6, tmp_path, 0.5) for _ in range(2)]
     for p in survivors:
         assert p.wait(timeout=240) == 0, p.stderr.read().decode()[-2000:]
