@@ -10,6 +10,7 @@ from __future__ import annotations
 import linecache
 import traceback
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +21,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from .guards import guard_spec, insert_guard
-from .hf import DEFAULT_HF_INPUT_NAMES, hf_dummy_inputs, is_hf_model
+from .hf import cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
 from .normalize import normalize
 
@@ -157,41 +158,44 @@ def capture(
         raise ValueError("hf_input_names is only for HuggingFace models; pass example_inputs instead")
     example = None if example_inputs is None else ExampleInputs.coerce(example_inputs)
     if hf and example is None:
-        names = tuple(hf_input_names) if hf_input_names is not None else DEFAULT_HF_INPUT_NAMES
+        names = tuple(hf_input_names) if hf_input_names is not None else default_input_names(model)
         example = ExampleInputs(kwargs=hf_dummy_inputs(model, names))
 
     order = ["export"] if frontend == "auto" and hf else (["fx", "export"] if frontend == "auto" else [frontend])
     notes: list[str] = []
     failures: list[str] = []
     sites: list[_Site] = []
+    errors: list[BaseException] = []
     was_training = model.training
     # Trace in train mode so every dropout probability is visible; normalization makes it switchable.
     model.train()
     try:
-        for name in order:
-            if name == "export" and example is None:
-                failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
-                continue
-            try:
-                guards = None
-                if name == "fx":
-                    gm = _trace_fx(model, leaf_modules, leaf_functions)
-                else:
-                    gm, guards = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
-            except Exception as exc:  # noqa: BLE001 - reported with context below
-                site = _failure_site(exc, model)
-                sites.append(site)
-                failures.append(f"{name}: failed in {site.describe()}: {_short(exc)}")
-                continue
-            if failures:
-                notes.append(f"fell back to {name} after " + "; ".join(failures))
-            gm = normalize(gm, model, notes)
-            if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
-                insert_guard(gm, guards[0], guards[1])
-                gm.recompile()
-                notes.extend(guards[2])
-            gm.train(was_training)
-            return CaptureResult(gm, name, example, tuple(notes))
+        with cache_disabled(model, notes) if hf else nullcontext():
+            for name in order:
+                if name == "export" and example is None:
+                    failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
+                    continue
+                try:
+                    guards = None
+                    if name == "fx":
+                        gm = _trace_fx(model, leaf_modules, leaf_functions)
+                    else:
+                        gm, guards = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
+                except Exception as exc:  # noqa: BLE001 - reported with context below
+                    site = _failure_site(exc, model)
+                    sites.append(site)
+                    errors.append(exc)
+                    failures.append(f"{name}: failed in {site.describe()}: {_short(exc)}")
+                    continue
+                if failures:
+                    notes.append(f"fell back to {name} after " + "; ".join(failures))
+                gm = normalize(gm, model, notes)
+                if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
+                    insert_guard(gm, guards[0], guards[1])
+                    gm.recompile()
+                    notes.extend(guards[2])
+                gm.train(was_training)
+                return CaptureResult(gm, name, example, tuple(notes))
     finally:
         model.train(was_training)
 
