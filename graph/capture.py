@@ -8,6 +8,7 @@ captured gets a :class:`CaptureError` naming the module and source line that fai
 from __future__ import annotations
 
 import linecache
+import re
 import traceback
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -21,7 +22,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from .guards import guard_spec, insert_guard
-from .hf import cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
+from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
 from .normalize import normalize
 
@@ -100,6 +101,29 @@ def _short(exc: BaseException) -> str:
     lines = [ln for ln in traceback.format_exception_only(type(exc), exc)[-1].strip().splitlines() if ln.strip()]
     text = lines[0] if lines else type(exc).__name__
     return text if len(text) < 400 else text[:400] + " ..."
+
+
+_OUTPUT_TYPE = re.compile(r"Found <class '([\w.]+)'> in output")
+_INPUT_WORDS = ("must specify", "have to specify", "specify either", "missing", "required positional argument",
+                "unexpected keyword argument")
+
+
+def _cause_hint(exc: BaseException, hf: bool) -> str | None:
+    """A remedy matching what actually failed (None: no specific knowledge of this failure)."""
+    text = str(exc)
+    m = _OUTPUT_TYPE.search(text)
+    if m:
+        what = "fxforge turns HF's use_cache off itself, so this is another output" if hf else \
+            "fxforge keeps tensors, tuples, lists, dicts, dataclass/HF ModelOutput outputs as they are"
+        return (f"the model returns a {m.group(1)}, which is not a tensor or a container of tensors, so no graph can "
+                f"output it ({what}): return its tensors instead, or register {m.group(1).rsplit('.', 1)[-1]} with "
+                "torch.utils._pytree.register_pytree_node")
+    if "data-dependent" in text or "data dependent" in text or type(exc).__name__ == "GuardOnDataDependentSymNode":
+        return "control flow depends on tensor values: make it independent of them (torch.where, torch.cond)"
+    if isinstance(exc, ValueError | TypeError) and any(w in text for w in _INPUT_WORDS):
+        names = f"hf_input_names (allowed: {list(KNOWN_INPUTS)})" if hf else "example_inputs"
+        return f"the model rejected the inputs it was traced with: give it the inputs its forward needs via {names}"
+    return None
 
 
 def _trace_fx(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
@@ -199,10 +223,11 @@ def capture(
     finally:
         model.train(was_training)
 
+    hints = [h for h in (_cause_hint(e, hf) for e in errors) if h]
     leaf = next((x.cls for x in sites if x.path and x.path != "<root>"), "")
-    if leaf:
+    if not hints and leaf:
         hints = [f"keep the failing module whole with leaf_modules=[{leaf}] (fx frontend)"]
-    else:
+    elif not hints:
         hints = ["the failure is in the top-level forward: make its control flow independent of tensor values"]
     if "export" not in order:
         hints.append("try frontend='export' with example_inputs")

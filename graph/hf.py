@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 DEFAULT_HF_INPUT_NAMES: tuple[str, ...] = ("input_ids", "attention_mask")
-_KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "labels", "decoder_input_ids",
+KNOWN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "labels", "decoder_input_ids",
                  "decoder_attention_mask", "pixel_values")
 _TEXT_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "decoder_input_ids",
                           "decoder_attention_mask"})
@@ -65,9 +65,9 @@ def hf_dummy_inputs(model: nn.Module, input_names: Sequence[str], batch: int = 2
     checked; batch and sequence length differ so dynamic shapes are not conflated. Images are built from
     the config's ``num_channels`` and ``image_size``.
     """
-    unknown = [n for n in input_names if n not in _KNOWN_INPUTS]
+    unknown = [n for n in input_names if n not in KNOWN_INPUTS]
     if unknown:
-        raise ValueError(f"unknown hf_input_names {unknown}; allowed: {list(_KNOWN_INPUTS)}")
+        raise ValueError(f"unknown hf_input_names {unknown}; allowed: {list(KNOWN_INPUTS)}")
     config = model.config
     vision = "pixel_values" in input_names
     text = [n for n in input_names if n in _TEXT_INPUTS]

@@ -212,6 +212,19 @@ def _lift_conv1d(gm: fx.GraphModule, model: nn.Module, node: fx.Node, lifted: li
     lifted.append(owner[0])
 
 
+def _drop_lifted_bn_counters(gm: fx.GraphModule) -> None:
+    """Erase ``num_batches_tracked.add_(1)`` of lifted BatchNorms: the module counts in train mode itself
+    (kept, the graph would count twice in train mode and keep counting in eval mode)."""
+    lifted = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target == aten.add_.Tensor and not node.users:
+            counter = node.args[0]
+            if isinstance(counter, fx.Node) and counter.op == "get_attr" and \
+                    str(counter.target).endswith(".num_batches_tracked") and \
+                    str(counter.target).rsplit(".", 1)[0] in lifted:
+                gm.graph.erase_node(node)
+
+
 def _invocation_sizes(graph: fx.Graph) -> dict[str, int]:
     """How many call nodes each module invocation (innermost nn_module_stack key) produced."""
     sizes: dict[str, int] = {}
@@ -301,6 +314,7 @@ def normalize(gm: fx.GraphModule, model: nn.Module, notes: list[str] | None = No
             _lift_sdpa(gm, model, node)
         elif node.op == "call_function":
             _lift_activation(gm, model, node, sizes, kept)
+    _drop_lifted_bn_counters(gm)
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
     for node in list(graph.nodes):
