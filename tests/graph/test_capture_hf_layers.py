@@ -42,8 +42,9 @@ def test_lora_merge_matches_peft_fan_in_fan_out(gpt2: tuple[nn.Module, ForgeGrap
                                                                        "targets": {"name": ["c_attn", "c_fc"]}})
     assert sorted(info.adapted) == sorted(f"transformer.h.{i}.{p}" for i in (0, 1)
                                           for p in ("attn.c_attn", "mlp.c_fc"))
-    ref = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, lora_alpha=4.0, target_modules=["c_attn", "c_fc"],
-                                                                  fan_in_fan_out=True, lora_dropout=0.0))
+    config = peft.LoraConfig(r=2, lora_alpha=4.0, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
+                             lora_dropout=0.0)
+    ref = peft.get_peft_model(copy.deepcopy(model), config)
     gen = torch.Generator().manual_seed(5)
     for path in info.adapted:
         ours, theirs = mg.model.get_submodule(path), ref.base_model.model.get_submodule(path)
