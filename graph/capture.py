@@ -10,7 +10,7 @@ from __future__ import annotations
 import linecache
 import re
 import traceback
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,8 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from . import capture_cache
+from .capture_cache import architecture_key
 from .guards import guard_spec, insert_guard
 from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
@@ -28,6 +30,8 @@ from .normalize import normalize
 
 Frontend = Literal["auto", "fx", "export"]
 FRONTENDS: tuple[str, ...] = ("auto", "fx", "export")
+CACHE_HIT_NOTE = ("capture cache hit: reused the graph captured for the same architecture (class, config, input "
+                  "spec), bound to this model's weights")
 
 
 class CaptureError(RuntimeError):
@@ -163,6 +167,7 @@ def capture(
     leaf_modules: tuple[type[nn.Module], ...] = (),
     leaf_functions: tuple[Any, ...] = (),
     dynamic: bool = True,
+    cache: bool = True,
 ) -> CaptureResult:
     """Capture ``model`` into the fxforge IR with the requested frontend (see ForgeGraph)."""
     if not isinstance(model, nn.Module):
@@ -187,6 +192,15 @@ def capture(
 
     order = ["export"] if frontend == "auto" and hf else (["fx", "export"] if frontend == "auto" else [frontend])
     notes: list[str] = []
+    key: Hashable | None = None
+    if cache:
+        settings = (tuple(order), dynamic, leaf_modules, leaf_functions, hf)
+        key, why = architecture_key(model, example, settings)
+        hit = None if key is None else capture_cache.lookup(key, model)
+        if hit is not None:
+            return CaptureResult(hit[0], hit[1], example, (*hit[2], CACHE_HIT_NOTE))
+        if why:
+            notes.append(why)
     failures: list[str] = []
     sites: list[_Site] = []
     errors: list[BaseException] = []
@@ -219,6 +233,8 @@ def capture(
                     gm.recompile()
                     notes.extend(guards[2])
                 gm.train(was_training)
+                if key is not None:
+                    capture_cache.store(key, gm, model, name, tuple(notes))
                 return CaptureResult(gm, name, example, tuple(notes))
     finally:
         model.train(was_training)
