@@ -127,7 +127,8 @@ def _module_key(model: nn.Module, memo: dict[int, Hashable]) -> Hashable:
     return (tuple(entries), tuple(tensors))
 
 
-def architecture_key(model: nn.Module, example: ExampleInputs | None, settings: Hashable) -> tuple[Hashable | None, str]:
+def architecture_key(model: nn.Module, example: ExampleInputs | None,
+                     settings: Hashable) -> tuple[Hashable | None, str]:
     """(key, "") for a model the cache can serve, or (None, why not)."""
     memo: dict[int, Hashable] = {}
     try:
