@@ -33,6 +33,18 @@ def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks 
     """fxforge: graph capture, passes, search, pickle-free checkpoints."""
 
 
+def _click_classes(name: str) -> tuple[type[BaseException], ...]:
+    """``name`` from click's exceptions and from the copy typer >= 0.16 vendors (``typer._click``)."""
+    found = [getattr(click.exceptions, name)]
+    vendored = getattr(getattr(typer, "_click", None), "exceptions", None)
+    if vendored is not None and hasattr(vendored, name):
+        found.append(getattr(vendored, name))
+    return tuple(found)
+
+
+_EXIT, _CLICK_ERROR, _ABORT = _click_classes("Exit"), _click_classes("ClickException"), _click_classes("Abort")
+
+
 def _register() -> None:
     from . import checkpoint_cmds, commands  # noqa: F401 - importing registers the commands on ``app``
 
@@ -47,12 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _register()
         result = app(args=args, prog_name="fxforge", standalone_mode=False)
         return result if isinstance(result, int) else 0
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
+    except _EXIT as exc:
+        return exc.exit_code  # type: ignore[attr-defined]
+    except _CLICK_ERROR as exc:
+        exc.show()  # type: ignore[attr-defined]
+        return exc.exit_code  # type: ignore[attr-defined]
+    except _ABORT:
         print("fxforge: aborted", file=sys.stderr)
         return 130
     except KeyboardInterrupt:

@@ -8,8 +8,10 @@ captured gets a :class:`CaptureError` naming the module and source line that fai
 from __future__ import annotations
 
 import linecache
+import re
 import traceback
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -19,13 +21,17 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from . import capture_cache
+from .capture_cache import architecture_key
 from .guards import guard_spec, insert_guard
-from .hf import DEFAULT_HF_INPUT_NAMES, hf_dummy_inputs, is_hf_model
+from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
 from .normalize import normalize
 
 Frontend = Literal["auto", "fx", "export"]
 FRONTENDS: tuple[str, ...] = ("auto", "fx", "export")
+CACHE_HIT_NOTE = ("capture cache hit: reused the graph captured for the same architecture (class, config, input "
+                  "spec), bound to this model's weights")
 
 
 class CaptureError(RuntimeError):
@@ -101,6 +107,29 @@ def _short(exc: BaseException) -> str:
     return text if len(text) < 400 else text[:400] + " ..."
 
 
+_OUTPUT_TYPE = re.compile(r"Found <class '([\w.]+)'> in output")
+_INPUT_WORDS = ("must specify", "have to specify", "specify either", "missing", "required positional argument",
+                "unexpected keyword argument")
+
+
+def _cause_hint(exc: BaseException, hf: bool) -> str | None:
+    """A remedy matching what actually failed (None: no specific knowledge of this failure)."""
+    text = str(exc)
+    m = _OUTPUT_TYPE.search(text)
+    if m:
+        what = "fxforge turns HF's use_cache off itself, so this is another output" if hf else \
+            "fxforge keeps tensors, tuples, lists, dicts, dataclass/HF ModelOutput outputs as they are"
+        return (f"the model returns a {m.group(1)}, which is not a tensor or a container of tensors, so no graph can "
+                f"output it ({what}): return its tensors instead, or register {m.group(1).rsplit('.', 1)[-1]} with "
+                "torch.utils._pytree.register_pytree_node")
+    if "data-dependent" in text or "data dependent" in text or type(exc).__name__ == "GuardOnDataDependentSymNode":
+        return "control flow depends on tensor values: make it independent of them (torch.where, torch.cond)"
+    if isinstance(exc, ValueError | TypeError) and any(w in text for w in _INPUT_WORDS):
+        names = f"hf_input_names (allowed: {list(KNOWN_INPUTS)})" if hf else "example_inputs"
+        return f"the model rejected the inputs it was traced with: give it the inputs its forward needs via {names}"
+    return None
+
+
 def _trace_fx(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
               leaf_functions: tuple[Any, ...]) -> fx.GraphModule:
     tracer = _ForgeTracer(leaf_modules, leaf_functions)
@@ -138,6 +167,7 @@ def capture(
     leaf_modules: tuple[type[nn.Module], ...] = (),
     leaf_functions: tuple[Any, ...] = (),
     dynamic: bool = True,
+    cache: bool = True,
 ) -> CaptureResult:
     """Capture ``model`` into the fxforge IR with the requested frontend (see ForgeGraph)."""
     if not isinstance(model, nn.Module):
@@ -157,48 +187,63 @@ def capture(
         raise ValueError("hf_input_names is only for HuggingFace models; pass example_inputs instead")
     example = None if example_inputs is None else ExampleInputs.coerce(example_inputs)
     if hf and example is None:
-        names = tuple(hf_input_names) if hf_input_names is not None else DEFAULT_HF_INPUT_NAMES
+        names = tuple(hf_input_names) if hf_input_names is not None else default_input_names(model)
         example = ExampleInputs(kwargs=hf_dummy_inputs(model, names))
 
     order = ["export"] if frontend == "auto" and hf else (["fx", "export"] if frontend == "auto" else [frontend])
     notes: list[str] = []
+    key: Hashable | None = None
+    if cache:
+        settings = (tuple(order), dynamic, leaf_modules, leaf_functions, hf)
+        key, why = architecture_key(model, example, settings)
+        hit = None if key is None else capture_cache.lookup(key, model)
+        if hit is not None:
+            return CaptureResult(hit[0], hit[1], example, (*hit[2], CACHE_HIT_NOTE))
+        if why:
+            notes.append(why)
     failures: list[str] = []
     sites: list[_Site] = []
+    errors: list[BaseException] = []
     was_training = model.training
     # Trace in train mode so every dropout probability is visible; normalization makes it switchable.
     model.train()
     try:
-        for name in order:
-            if name == "export" and example is None:
-                failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
-                continue
-            try:
-                guards = None
-                if name == "fx":
-                    gm = _trace_fx(model, leaf_modules, leaf_functions)
-                else:
-                    gm, guards = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
-            except Exception as exc:  # noqa: BLE001 - reported with context below
-                site = _failure_site(exc, model)
-                sites.append(site)
-                failures.append(f"{name}: failed in {site.describe()}: {_short(exc)}")
-                continue
-            if failures:
-                notes.append(f"fell back to {name} after " + "; ".join(failures))
-            gm = normalize(gm, model, notes)
-            if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
-                insert_guard(gm, guards[0], guards[1])
-                gm.recompile()
-                notes.extend(guards[2])
-            gm.train(was_training)
-            return CaptureResult(gm, name, example, tuple(notes))
+        with cache_disabled(model, notes) if hf else nullcontext():
+            for name in order:
+                if name == "export" and example is None:
+                    failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
+                    continue
+                try:
+                    guards = None
+                    if name == "fx":
+                        gm = _trace_fx(model, leaf_modules, leaf_functions)
+                    else:
+                        gm, guards = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
+                except Exception as exc:  # noqa: BLE001 - reported with context below
+                    site = _failure_site(exc, model)
+                    sites.append(site)
+                    errors.append(exc)
+                    failures.append(f"{name}: failed in {site.describe()}: {_short(exc)}")
+                    continue
+                if failures:
+                    notes.append(f"fell back to {name} after " + "; ".join(failures))
+                gm = normalize(gm, model, notes)
+                if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
+                    insert_guard(gm, guards[0], guards[1])
+                    gm.recompile()
+                    notes.extend(guards[2])
+                gm.train(was_training)
+                if key is not None:
+                    capture_cache.store(key, gm, model, name, tuple(notes))
+                return CaptureResult(gm, name, example, tuple(notes))
     finally:
         model.train(was_training)
 
+    hints = [h for h in (_cause_hint(e, hf) for e in errors) if h]
     leaf = next((x.cls for x in sites if x.path and x.path != "<root>"), "")
-    if leaf:
+    if not hints and leaf:
         hints = [f"keep the failing module whole with leaf_modules=[{leaf}] (fx frontend)"]
-    else:
+    elif not hints:
         hints = ["the failure is in the top-level forward: make its control flow independent of tensor values"]
     if "export" not in order:
         hints.append("try frontend='export' with example_inputs")

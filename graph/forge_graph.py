@@ -68,6 +68,8 @@ class ForgeGraph:
         leaf_modules: module types the fx frontend keeps as single call_module nodes.
         leaf_functions: functions the fx frontend keeps as single call_function nodes.
         dynamic: export frontend only: make every input dimension dynamic where the model allows.
+        cache: reuse the graph of an identical architecture captured before (graph/capture_cache): same
+            class, config, module attributes, parameter shapes and input spec; weights may differ.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class ForgeGraph:
         leaf_modules: Sequence[type[nn.Module]] = (),
         leaf_functions: Sequence[Any] = (),
         dynamic: bool = True,
+        cache: bool = True,
     ) -> None:
         result = capture(
             model,
@@ -88,6 +91,7 @@ class ForgeGraph:
             leaf_modules=tuple(leaf_modules),
             leaf_functions=tuple(leaf_functions),
             dynamic=dynamic,
+            cache=cache,
         )
         self.model: fx.GraphModule = result.module
         self.frontend: str = result.frontend

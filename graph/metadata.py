@@ -62,7 +62,7 @@ def dtype_precision(dtype: torch.dtype) -> tuple[int, ...]:
 class ValueMeta:
     """One argument or result of a node: a tensor (shape, dtype, precision) or a plain value."""
 
-    type: str  # "tensor" | "scalar" | "none" | "other"
+    type: str  # "tensor" | "scalar" | "dtype" | "none" | "other"
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
     precision: tuple[int, ...] | None = None
@@ -87,7 +87,7 @@ class ValueMeta:
         if isinstance(value, float):
             return cls(type="scalar", value=value if math.isfinite(value) else repr(value))
         if isinstance(value, torch.dtype):
-            return cls(type="scalar", value=dtype_name(value))
+            return cls(type="dtype", value=dtype_name(value))  # its own type: rebuilt as a dtype, not a string
         return cls(type="other", value=type(value).__name__)
 
     def to_json(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .modules import ScaledDotProductAttention
+from .normalize_hf import conv1d_linear, inline_regions
 
 aten = torch.ops.aten
 
@@ -58,6 +59,7 @@ _LIFTS: dict[Any, _LiftSpec] = {
     aten.conv2d.padding: _LiftSpec(nn.Conv2d, 0, 1, "weight", _conv_ok),
 }
 _BATCH_NORM = aten.batch_norm.default
+_ADDMM = aten.addmm.default
 _DROPOUTS = {aten.dropout.default, F.dropout, torch.dropout}
 _SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention}
 _DROPPED = {aten._assert_tensor_metadata.default}
@@ -200,6 +202,29 @@ def _lift_layer(gm: fx.GraphModule, model: nn.Module, node: fx.Node, notes: _Not
     return True
 
 
+def _lift_conv1d(gm: fx.GraphModule, model: nn.Module, node: fx.Node, lifted: list[str]) -> None:
+    owner = _owner_module(model, node, nn.Module)
+    linear = conv1d_linear(gm, node, owner)
+    if owner is None or linear is None:
+        return
+    _set_submodule(gm, owner[0], linear)
+    _replace_with_module(gm, node, owner[0], (node.args[1],))
+    lifted.append(owner[0])
+
+
+def _drop_lifted_bn_counters(gm: fx.GraphModule) -> None:
+    """Erase ``num_batches_tracked.add_(1)`` of lifted BatchNorms: the module counts in train mode itself
+    (kept, the graph would count twice in train mode and keep counting in eval mode)."""
+    lifted = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target == aten.add_.Tensor and not node.users:
+            counter = node.args[0]
+            if isinstance(counter, fx.Node) and counter.op == "get_attr" and \
+                    str(counter.target).endswith(".num_batches_tracked") and \
+                    str(counter.target).rsplit(".", 1)[0] in lifted:
+                gm.graph.erase_node(node)
+
+
 def _invocation_sizes(graph: fx.Graph) -> dict[str, int]:
     """How many call nodes each module invocation (innermost nn_module_stack key) produced."""
     sizes: dict[str, int] = {}
@@ -270,6 +295,9 @@ def normalize(gm: fx.GraphModule, model: nn.Module, notes: list[str] | None = No
     """
     graph = gm.graph
     kept = _Notes()
+    regions: list[str] = []
+    inline_regions(gm, regions)
+    conv1d: list[str] = []
     sizes = _invocation_sizes(graph)
     for node in list(graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
@@ -278,12 +306,15 @@ def normalize(gm: fx.GraphModule, model: nn.Module, notes: list[str] | None = No
             graph.erase_node(node)
         elif node.op == "call_function" and (node.target in _LIFTS or node.target == _BATCH_NORM):
             _lift_layer(gm, model, node, kept)
+        elif node.op == "call_function" and node.target == _ADDMM:
+            _lift_conv1d(gm, model, node, conv1d)
         elif node.op == "call_function" and node.target in _DROPOUTS:
             _lift_dropout(gm, model, node)
         elif node.op == "call_function" and node.target in _SDPA:
             _lift_sdpa(gm, model, node)
         elif node.op == "call_function":
             _lift_activation(gm, model, node, sizes, kept)
+    _drop_lifted_bn_counters(gm)
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
     for node in list(graph.nodes):
@@ -296,5 +327,9 @@ def normalize(gm: fx.GraphModule, model: nn.Module, notes: list[str] | None = No
     out.delete_all_unused_submodules()
     out.recompile()
     if notes is not None:
+        notes.extend(regions)
+        if conv1d:
+            notes.append(f"HF Conv1D layers became nn.Linear call_modules (weight = the transposed view of the HF "
+                         f"[in, out] weight, same storage): {conv1d[:3]}{' ...' if len(conv1d) > 3 else ''}")
         notes.extend(kept.lines.values())
     return out

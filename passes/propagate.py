@@ -121,11 +121,15 @@ def propagate_graph(gm: fx.GraphModule, example: ExampleInputs) -> None:
 def _value(meta: ValueMeta, make: Any) -> Any:
     if meta.type == "tensor":
         assert meta.shape is not None and meta.dtype is not None
-        return make(meta.shape, dtype_from_name(meta.dtype))
+        value = make(meta.shape, dtype_from_name(meta.dtype))
+        # as recorded: a value computed from parameters carries requires_grad into what is derived from it
+        return value.requires_grad_(True) if meta.requires_grad and value.is_floating_point() else value
     if meta.type == "none":
         return None
     if meta.type == "scalar" and not isinstance(meta.value, str):
         return meta.value
+    if meta.type == "dtype" and isinstance(meta.value, str):
+        return dtype_from_name(meta.value)
     raise Underivable(f"cannot rebuild a {meta.type} value ({meta.value!r}) from metadata")
 
 

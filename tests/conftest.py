@@ -96,3 +96,15 @@ def restore_registries() -> Iterator[None]:
         registry.update(before)
     targets._OP_NAMESPACES.clear()
     targets._OP_NAMESPACES.update(namespaces)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A throw-away PostgreSQL on 127.0.0.1 for the search storage tests, started here and stopped at the end."""
+    from fxforge.search import LocalPostgres, postgres_available
+
+    reason = postgres_available()
+    if reason:  # PostgreSQL 15 is part of every machine image: its absence is a broken environment, not a skip
+        pytest.fail(f"the search storage tests need PostgreSQL server binaries on PATH ({reason})")
+    with LocalPostgres() as pg:
+        yield pg.url

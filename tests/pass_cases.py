@@ -35,7 +35,8 @@ def _none(data: list[dict[str, torch.Tensor]]) -> None:
 
 
 _QUANTIZE_INT8 = ("quantize_transform_pass", lambda d: INT8_LINEAR)
-_CALIBRATE = ("calibrate_analysis_pass", lambda d: {"data": d})
+_CALIBRATE = ("calibrate_transform_pass", lambda d: {"data": d})
+_SHAPES = (("init_metadata_analysis_pass", _none), ("add_common_metadata_analysis_pass", _none))
 _LORA = ("insert_lora_adapter_transform_pass", lambda d: {"rank": 2})
 
 CASES: dict[str, PassCase] = {
@@ -51,7 +52,7 @@ CASES: dict[str, PassCase] = {
     "insert_lora_adapter_transform_pass": PassCase(lambda d: {"rank": 2}),
     "fuse_lora_weights_transform_pass": PassCase(_none, (_LORA,)),
     "quantize_transform_pass": PassCase(lambda d: FIXED_LINEAR),
-    "calibrate_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8,)),
+    "calibrate_transform_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8,)),
     "quantization_report_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8, _CALIBRATE)),
     "lower_int8_transform_pass": PassCase(_none, (_QUANTIZE_INT8, _CALIBRATE)),
     "causality_analysis_pass": PassCase(lambda d: {"jacobian_len": 4, "positions": [3]}),
@@ -61,6 +62,14 @@ CASES: dict[str, PassCase] = {
     "prune_transform_pass": PassCase(lambda d: {"weight": {"sparsity": 0.02}}),
     "shrink_transform_pass": PassCase(_none, (("prune_transform_pass", lambda d: {  # 1 FFN unit per layer
         "weight": {"sparsity": 0.02, "granularity": "ffn"}}),)),
+    "cse_transform_pass": PassCase(_none),
+    "dce_transform_pass": PassCase(_none),
+    "hoist_parameter_subgraphs_transform_pass": PassCase(_none),
+    "batch_matmuls_transform_pass": PassCase(_none),
+    "fuse_elementwise_transform_pass": PassCase(_none),
+    "fold_constants_transform_pass": PassCase(_none),
+    "fuse_kernels_transform_pass": PassCase(_none, _SHAPES),
+    "afno_real_arithmetic_transform_pass": PassCase(_none, _SHAPES),
 }
 
 

@@ -105,12 +105,13 @@ def test_run_and_search_bad_input_and_missing_features(tmp_path: Path) -> None:
     good = tmp_path / "good.toml"
     good.write_text('[[steps]]\npass = "remove_dropout_transform_pass"\n')
     proc = run_cli("run", str(good), "tiny-bert", "-o", str(tmp_path / "o"))
-    from fxforge import pipelines
-
-    if not hasattr(pipelines, "Pipeline"):  # until pipelines land, say so instead of pretending
-        assert_one_line_error(proc, "pipelines are not available in this build")
-    else:
-        assert "Traceback" not in proc.stderr
+    assert proc.returncode == 0 and "remove_dropout_transform_pass" in proc.stdout, proc.stderr
+    checked = run_cli("verify", str(tmp_path / "o"))
+    assert checked.returncode == 0, checked.stderr
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('[[steps]]\npass = "remove_dropuot_transform_pass"\n')
+    assert_one_line_error(run_cli("run", str(unknown), "tiny-bert", "-o", str(tmp_path / "u")),
+                          "remove_dropout_transform_pass")
     assert_one_line_error(run_cli("search", "worker"), "--storage")
     usage = run_cli("run", str(good))  # missing MODEL and -o: a usage error from the CLI library
     assert usage.returncode == 2 and "Traceback" not in usage.stderr

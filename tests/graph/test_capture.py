@@ -210,4 +210,6 @@ def test_bad_arguments() -> None:
 
 def test_unknown_hf_input_name(tiny_bert: nn.Module) -> None:
     with pytest.raises(ValueError, match="allowed"):
+        ForgeGraph(tiny_bert, hf_input_names=["input_ids", "images"])
+    with pytest.raises(ValueError, match="mixes pixel_values with text inputs"):
         ForgeGraph(tiny_bert, hf_input_names=["input_ids", "pixel_values"])

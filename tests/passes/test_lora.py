@@ -42,14 +42,14 @@ def test_insert_is_a_no_op_and_keeps_frozen_weight_and_bias(mg: ForgeGraph) -> N
         before = mg(**inputs)
     originals = {str(n.target): mg.model.get_submodule(str(n.target)) for n in mg.nodes
                  if n.op == "call_module" and isinstance(mg.model.get_submodule(str(n.target)), nn.Linear)}
-    _, info = passes.insert_lora_adapter_transform_pass(mg, {"rank": 6, "alpha": 1.0, "dropout": 0.5})
-    assert sorted(info["adapted"]) == sorted(originals) and len(originals) == N_LINEAR
-    assert info["scaling"] == pytest.approx(1 / 6)
+    _, info = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 1.0, "dropout": 0.5})
+    assert sorted(info["adapted"]) == sorted(originals) and len(originals) == N_LINEAR  # rank <= classifier's 2
+    assert info["scaling"] == pytest.approx(1 / 2)
     for path, base in originals.items():
         lora = mg.model.get_submodule(path)
         assert isinstance(lora, LoraLinear) and lora.base is base and base.bias is not None
         assert not base.weight.requires_grad and not base.bias.requires_grad
-        assert lora.lora_A.shape == (6, base.in_features) and lora.lora_B.shape == (base.out_features, 6)
+        assert lora.lora_A.shape == (2, base.in_features) and lora.lora_B.shape == (base.out_features, 2)
         assert torch.count_nonzero(lora.lora_B) == 0 and lora.lora_A.abs().min() > 0
         bound = 1 / base.in_features ** 0.5  # kaiming_uniform(a=sqrt(5)) bound, as PEFT
         assert lora.lora_A.abs().max() <= bound and isinstance(lora.lora_dropout, nn.Dropout)
@@ -60,7 +60,7 @@ def test_insert_is_a_no_op_and_keeps_frozen_weight_and_bias(mg: ForgeGraph) -> N
     assert abs(after.loss.item() - before.loss.item()) <= 1e-6
     trainable = {n for n, p in mg.model.named_parameters() if p.requires_grad}
     assert trainable == {f"{p}.lora_{x}" for p in originals for x in "AB"}
-    assert info["trainable"] == sum(6 * (m.in_features + m.out_features) for m in originals.values())
+    assert info["trainable"] == sum(2 * (m.in_features + m.out_features) for m in originals.values())
 
 
 def test_memory_saving_dropout_path_has_exact_gradients() -> None:
@@ -161,17 +161,17 @@ def test_no_match_double_insert_and_empty_fuse_are_errors(mg: ForgeGraph) -> Non
 def test_fuse_equals_unfused_and_leaves_plain_linears(mg: ForgeGraph) -> None:
     passes.init_metadata_analysis_pass(mg)
     originals = {n: p.detach().clone() for n, p in mg.model.named_parameters()}
-    passes.insert_lora_adapter_transform_pass(mg, {"rank": 4, "alpha": 16.0, "dropout": 0.1})
+    passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 16.0, "dropout": 0.1})
     node = mg.node("bert_encoder_layer_0_attention_self_query")
     record = get_meta(node).software.get(LoraRecord)
-    assert record is not None and record.rank == 4 and record.scaling == 4.0
+    assert record is not None and record.rank == 2 and record.scaling == 8.0
     assert get_meta(node).common.op == "lora_linear" and get_meta(node).common.module_type.endswith("LoraLinear")
     _perturb_adapters(mg)
     inputs = bert_inputs()
     with torch.no_grad():
         unfused = mg(**inputs).logits
     q = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query")
-    expected = q.base.weight + 4.0 * q.lora_B @ q.lora_A
+    expected = q.base.weight + 8.0 * q.lora_B @ q.lora_A
     _, info = passes.fuse_lora_weights_transform_pass(mg)
     assert len(info["fused"]) == N_LINEAR and not lora_layers(mg.model)
     fused_q = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query")

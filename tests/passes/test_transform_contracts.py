@@ -41,7 +41,8 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
                  [("freeze_transform_pass", {"targets": {"type": "linear"}})], None),
     "lora_insert": ("insert_lora_adapter_transform_pass", {"rank": 4, "trainable": {"name": "classifier"}}, [], None),
     "lora_fuse": ("fuse_lora_weights_transform_pass", {},
-                  [("insert_lora_adapter_transform_pass", {"rank": 4})], _perturb_lora),
+                  [("insert_lora_adapter_transform_pass", {"rank": 4, "exclude": {"name": "classifier"}})],
+                  _perturb_lora),
     "quantize": ("quantize_transform_pass", MIXED, [], None),
     "calibrate": ("calibrate_transform_pass", {"data": [bert_inputs(labels=False)]},
                   [("quantize_transform_pass", STATIC)], None),
@@ -49,6 +50,14 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "prune": ("prune_transform_pass", {"weight": {"sparsity": 0.2, "scope": "global"}}, [], None),
     "shrink": ("shrink_transform_pass", {}, [("prune_transform_pass", {"weight": {"sparsity": s, "granularity": g}})
                                             for s, g in ((0.5, "head"), (0.5, "ffn"))], None),
+    "cse": ("cse_transform_pass", {}, [], None),
+    "dce": ("dce_transform_pass", {}, [], None),
+    "hoist": ("hoist_parameter_subgraphs_transform_pass", {}, [], None),
+    "batch_matmuls": ("batch_matmuls_transform_pass", {}, [], None),
+    "fuse_elementwise": ("fuse_elementwise_transform_pass", {}, [], None),
+    "fold_constants": ("fold_constants_transform_pass", {}, [], None),
+    "fuse_kernels": ("fuse_kernels_transform_pass", {}, [], None),
+    "afno_real": ("afno_real_arithmetic_transform_pass", {}, [], None),  # no complex products in BERT: a no-op
 }
 
 

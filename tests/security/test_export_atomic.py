@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,16 +31,14 @@ def graphs() -> tuple[ForgeGraph, ForgeGraph]:
     return old, new
 
 
-def _kill_at(step: str, write: object) -> int:
-    """Run ``write()`` in a forked child that SIGKILLs itself at ``step``; the child's wait status."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            atomic.STEP_HOOK = lambda s: os.kill(os.getpid(), signal.SIGKILL) if s == step else None
-            write()  # type: ignore[operator]
-        finally:
-            os._exit(0)
-    return os.waitpid(pid, 0)[1]
+def _kill_at(step: str, kind: str, *paths: Path) -> int:
+    """Write a checkpoint in a fresh process (tests/security/kill_child.py) that SIGKILLs itself at ``step``;
+    its return code (-SIGKILL when the step was reached)."""
+    child = Path(__file__).with_name("kill_child.py")
+    proc = subprocess.run([sys.executable, str(child), kind, step, *map(str, paths)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode in (0, -signal.SIGKILL), proc.stderr
+    return proc.returncode
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -47,8 +47,8 @@ def test_killed_graph_export_leaves_old_or_new(graphs: tuple[ForgeGraph, ForgeGr
     old, new = graphs
     path = old.export(tmp_path / "ckpt")
     x = torch.randn(2, 4)
-    status = _kill_at(step, lambda: new.export(path))
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    source = new.export(tmp_path / "new")
+    assert _kill_at(step, "graph", source, path) == -signal.SIGKILL
     out = ForgeGraph.from_checkpoint(path)(x)
     before_swap = STEPS.index(step) < STEPS.index("swapped")
     assert torch.equal(out, (old if before_swap else new)(x))
@@ -69,7 +69,9 @@ def test_killed_lora_save_leaves_old_or_new(graphs: tuple[ForgeGraph, ForgeGraph
             mg.model.fc.lora_B.normal_(generator=torch.Generator().manual_seed(seed))
         adapted.append(mg)
     path = save_lora_adapters(adapted[0], tmp_path / "lora")
-    _kill_at(step, lambda: save_lora_adapters(adapted[1], path))
+    base_ckpt = base.export(tmp_path / "base")
+    source = save_lora_adapters(adapted[1], tmp_path / "lora-new")
+    assert _kill_at(step, "lora", base_ckpt, source, path) == -signal.SIGKILL
     loaded, _ = load_lora_adapters(base.copy(), path)
     expect = adapted[0] if step != "swapped" else adapted[1]
     assert torch.equal(loaded.model.fc.lora_B, expect.model.fc.lora_B)

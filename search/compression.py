@@ -1,0 +1,158 @@
+"""PruningSpace, LoRARankSpace and JointSpace: the compression knobs searched together.
+
+Each produces pipeline steps for the standard order (prune → LoRA → fine-tune → fuse → quantize →
+lower); :class:`JointSpace` merges its members' plans in that order, so e.g. bits × sparsity × LoRA
+rank is one space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import SearchError
+from .space import SPACES, SearchSpace, TrialPlan, check_choices, space_from_spec, unknown_keys
+
+if TYPE_CHECKING:
+    import optuna
+
+    from ..graph.forge_graph import ForgeGraph
+
+__all__ = ["JointSpace", "LoRARankSpace", "PruningSpace"]
+
+PRUNE_METHODS = ("random", "l1", "l2", "taylor")
+PRUNE_GRANULARITIES = ("elementwise", "row", "channel", "head", "ffn")
+
+
+class PruningSpace(SearchSpace):
+    """Sparsity per layer group: ``groups`` maps a group name to a selector (default: every Linear).
+
+    Each group samples its sparsity from ``sparsity`` (0 means "leave it dense") and becomes one
+    ``prune_transform_pass`` step with MASE's config shape. With ``shrink`` (structured granularities
+    only) the pruned rows, heads or FFN units are then physically removed (``shrink_transform_pass``),
+    so the model really gets smaller and faster.
+    """
+
+    kind = "pruning"
+
+    def __init__(self, sparsity: Sequence[float], groups: Mapping[str, Any] | None = None, method: str = "l1",
+                 granularity: str = "elementwise", scope: str = "local", shrink: bool = False) -> None:
+        self.sparsity = check_choices("pruning sparsity", sparsity)
+        bad = [s for s in self.sparsity if not isinstance(s, int | float) or isinstance(s, bool) or not 0 <= s < 1]
+        if bad:
+            raise SearchError(f"pruning sparsity choices must be in [0, 1), got {bad}")
+        if method not in PRUNE_METHODS:
+            raise SearchError(f"pruning method must be one of {list(PRUNE_METHODS)}, got {method!r}")
+        if granularity not in PRUNE_GRANULARITIES:
+            raise SearchError(f"pruning granularity must be one of {list(PRUNE_GRANULARITIES)}, got {granularity!r}")
+        if scope not in ("local", "global"):
+            raise SearchError(f"pruning scope must be 'local' or 'global', got {scope!r}")
+        self.groups = dict(groups) if groups else {"linear": {"type": ["linear"]}}
+        if shrink and granularity == "elementwise":
+            raise SearchError("pruning shrink needs a structured granularity (row, channel, head, ffn)")
+        self.method, self.granularity, self.scope, self.shrink = method, granularity, scope, bool(shrink)
+
+    def bind(self, graph: ForgeGraph | None) -> PruningSpace:
+        from ..passes.base import PASSES
+
+        if "prune_transform_pass" not in PASSES:
+            raise SearchError("pruning space: prune_transform_pass is not available in this build")
+        return self
+
+    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+        steps = []
+        for group, selector in self.groups.items():
+            s = trial.suggest_categorical(f"sparsity:{group}", list(self.sparsity))
+            if s > 0:
+                steps.append(("prune_transform_pass", {
+                    "weight": {"sparsity": float(s), "method": self.method, "scope": self.scope,
+                               "granularity": self.granularity},
+                    "targets": selector}))
+        if steps and self.shrink:
+            steps.append(("shrink_transform_pass", {}))
+        return TrialPlan(tuple(steps))
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "sparsity": list(self.sparsity), "groups": self.groups, "method": self.method,
+                "granularity": self.granularity, "scope": self.scope, "shrink": self.shrink}
+
+
+class LoRARankSpace(SearchSpace):
+    """LoRA rank (and optionally alpha) choices: insert adapters, fine-tune, fuse them back."""
+
+    kind = "lora"
+
+    def __init__(self, rank: Sequence[int], alpha: Sequence[float] | None = None, targets: Any = None,
+                 trainable: Any = None) -> None:
+        self.rank = check_choices("lora rank", rank)
+        if any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in self.rank):
+            raise SearchError(f"lora rank choices must be positive ints, got {list(self.rank)}")
+        self.alpha = None if alpha is None else check_choices("lora alpha", alpha)
+        self.targets, self.trainable = targets, trainable
+
+    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+        rank = trial.suggest_categorical("lora:rank", list(self.rank))
+        args: dict[str, Any] = {"rank": rank, "alpha": float(rank)}
+        if self.alpha is not None:
+            args["alpha"] = float(trial.suggest_categorical("lora:alpha", list(self.alpha)))
+        if self.targets is not None:
+            args["targets"] = self.targets
+        if self.trainable is not None:
+            args["trainable"] = self.trainable
+        return TrialPlan((("insert_lora_adapter_transform_pass", args), ("fuse_lora_weights_transform_pass", {})),
+                         train=True)
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "rank": list(self.rank), "alpha": None if self.alpha is None else list(self.alpha),
+                "targets": self.targets, "trainable": self.trainable}
+
+
+class JointSpace(SearchSpace):
+    """Several spaces sampled together; their steps are merged in the standard compression order."""
+
+    kind = "joint"
+
+    def __init__(self, *spaces: SearchSpace) -> None:
+        if not spaces:
+            raise SearchError("joint space: give at least one space")
+        kinds = [s.kind for s in spaces]
+        if len(set(kinds)) != len(kinds):
+            raise SearchError(f"joint space: each kind at most once, got {kinds}")
+        self.spaces = tuple(spaces)
+
+    def bind(self, graph: ForgeGraph | None) -> JointSpace:
+        return JointSpace(*(s.bind(graph) for s in self.spaces))
+
+    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+        plan = TrialPlan()
+        for space in self.spaces:
+            plan = plan.merged(space.suggest(trial))
+        return plan
+
+    @property
+    def needs_graph(self) -> bool:
+        return all(s.needs_graph for s in self.spaces)
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "spaces": [s.to_spec() for s in self.spaces]}
+
+
+def _pruning(spec: Mapping[str, Any]) -> PruningSpace:
+    unknown_keys("pruning", spec, ("sparsity", "groups", "method", "granularity", "scope", "shrink"))
+    return PruningSpace(**dict(spec))
+
+
+def _lora(spec: Mapping[str, Any]) -> LoRARankSpace:
+    unknown_keys("lora", spec, ("rank", "alpha", "targets", "trainable"))
+    return LoRARankSpace(**dict(spec))
+
+
+def _joint(spec: Mapping[str, Any]) -> JointSpace:
+    unknown_keys("joint", spec, ("spaces",))
+    spaces = spec.get("spaces")
+    if not isinstance(spaces, list):
+        raise SearchError("joint space needs 'spaces': a list of space specs")
+    return JointSpace(*(space_from_spec(s) for s in spaces))
+
+
+SPACES.update({"pruning": _pruning, "lora": _lora, "joint": _joint})

@@ -1,0 +1,137 @@
+"""NASSpace: architecture search over a HuggingFace config by its real field names.
+
+MASE's tutorial sets ``config.num_layers`` / ``config.num_heads`` — names BertConfig does not have,
+so those choices silently did nothing. Here every field is checked against the config class (an
+unknown field is a SearchError before the study starts), a combination the model cannot build
+(hidden size not divisible by the heads) is pruned before any training, and a Linear whose input and
+output widths match may optionally be replaced by ``nn.Identity`` per trial.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch.nn as nn
+
+from .errors import SearchError
+from .space import SPACES, SearchSpace, TrialPlan, check_choices, unknown_keys
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["NASSpace", "build_config", "resolve_hf_class"]
+
+
+def resolve_hf_class(name: str, base: str) -> type:
+    """A transformers class by name that subclasses ``transformers.<base>`` (nothing else is reachable)."""
+    import transformers
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise SearchError(f"{name!r} is not a class name")
+    cls = getattr(transformers, name, None)
+    if not isinstance(cls, type) or not issubclass(cls, getattr(transformers, base)):
+        raise SearchError(f"{name!r} is not a transformers {base} class")
+    return cls
+
+
+def build_config(config_class: str, base: Mapping[str, Any], overrides: Mapping[str, Any]) -> Any:
+    """``ConfigClass(**base)`` with ``overrides`` set; every key must be a real field of the class."""
+    cls = resolve_hf_class(config_class, "PretrainedConfig")
+    config = cls(**dict(base))
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+class NASSpace(SearchSpace):
+    """Choose HF config fields (``{"num_hidden_layers": [2, 4], ...}``) and optionally Identity linears.
+
+    Args:
+        config_class: the transformers config class name, e.g. ``"BertConfig"``.
+        choices: field name → list of values.
+        base: fixed config fields (e.g. ``vocab_size``, ``num_labels``).
+        model_class: the transformers model class built from the config per trial.
+        identity: regexes over Linear module paths that may become ``nn.Identity`` (only where the
+            layer's input and output widths are equal, so shapes still fit).
+    """
+
+    kind = "nas"
+
+    def __init__(self, config_class: str, choices: Mapping[str, Sequence[Any]], base: Mapping[str, Any] | None = None,
+                 model_class: str = "AutoModelForSequenceClassification",
+                 identity: Sequence[str] = ()) -> None:
+        self.config_class = config_class
+        self.base = dict(base or {})
+        self.model_class = model_class
+        self.choices = {str(k): check_choices(f"nas choice {k!r}", v) for k, v in dict(choices).items()}
+        if not self.choices:
+            raise SearchError("nas space: 'choices' is empty: name at least one config field to search")
+        defaults = resolve_hf_class(config_class, "PretrainedConfig")()
+        fields = set(defaults.to_dict()) | {k for k in dir(defaults) if not k.startswith("_")}
+        unknown = sorted(k for k in (*self.choices, *self.base) if k not in defaults.to_dict())
+        if unknown:
+            close = sorted(f for f in fields if any(u.split("_")[-1] in f for u in unknown))[:8]
+            raise SearchError(f"{config_class} has no field(s) {unknown} (setting them would silently do nothing); "
+                              f"similar fields: {close}")
+        self.identity = tuple(re.compile(p) for p in identity)
+
+    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+        import optuna
+
+        values = {k: trial.suggest_categorical(k, list(v)) for k, v in self.choices.items()}
+        merged = {**self.base, **values}
+        hidden, heads = merged.get("hidden_size"), merged.get("num_attention_heads")
+        if isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
+            raise optuna.TrialPruned(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+        identity: list[str] = []
+        if self.identity:
+            for path in self.identity_candidates(merged):
+                if trial.suggest_categorical(f"identity:{path}", ["linear", "identity"]) == "identity":
+                    identity.append(path)
+        return TrialPlan(train=True, model_config=values, identity_layers=tuple(identity))
+
+    def identity_candidates(self, overrides: Mapping[str, Any]) -> list[str]:
+        """Linear paths matching ``identity`` whose in/out widths are equal, for this configuration."""
+        model = self.build_model(overrides, ())
+        return [p for p, m in model.named_modules() if isinstance(m, nn.Linear)
+                and m.in_features == m.out_features and any(r.fullmatch(p) for r in self.identity)]
+
+    def build_model(self, overrides: Mapping[str, Any], identity_layers: Sequence[str]) -> nn.Module:
+        """A freshly initialised model of this configuration, with the chosen layers made Identity."""
+        config = build_config(self.config_class, self.base, overrides)
+        cls = resolve_hf_class(self.model_class, "PreTrainedModel") if not self.model_class.startswith("Auto") \
+            else _auto_class(self.model_class)
+        model = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+        for path in identity_layers:
+            parent, _, leaf = path.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, nn.Identity())
+        return model.eval()
+
+    @property
+    def needs_graph(self) -> bool:
+        return False
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "config_class": self.config_class, "choices": {k: list(v) for k, v in
+                self.choices.items()}, "base": dict(self.base), "model_class": self.model_class,
+                "identity": [r.pattern for r in self.identity]}
+
+
+def _auto_class(name: str) -> Any:
+    import transformers
+
+    if not re.fullmatch(r"AutoModel[A-Za-z]*", name) or not hasattr(transformers, name):
+        raise SearchError(f"{name!r} is not a transformers AutoModel class")
+    return getattr(transformers, name)
+
+
+def _from_spec(spec: Mapping[str, Any]) -> NASSpace:
+    unknown_keys("nas", spec, ("config_class", "choices", "base", "model_class", "identity"))
+    if "config_class" not in spec or "choices" not in spec:
+        raise SearchError("nas space needs 'config_class' and 'choices'")
+    return NASSpace(**dict(spec))
+
+
+SPACES["nas"] = _from_spec

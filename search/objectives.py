@@ -1,0 +1,154 @@
+"""Objectives and constraints of a search: accuracy, latency, weight memory, parameter count.
+
+Each objective is a name, a direction and a measurement of the trial's finished graph. Latency is
+the median of a few timed forwards on the graph itself; weight memory counts every parameter (and
+int8 weight buffer) at the bits it is stored or simulated at, so quantized layers count their
+format's bits and physically pruned layers count their smaller shapes (element-wise zeros do not
+save memory and are not counted as saved).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from ..passes.batching import run_batch
+from .errors import SearchError
+
+if TYPE_CHECKING:
+    from ..graph.forge_graph import ForgeGraph
+    from .task import Task
+
+__all__ = ["OBJECTIVES", "Constraint", "Objective", "latency_ms", "param_count", "weight_bits"]
+
+Direction = Literal["maximize", "minimize"]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A named measurement of a trial's graph and whether larger or smaller is better."""
+
+    name: str
+    direction: Direction
+    measure: Callable[[ForgeGraph, Task | None], float]
+
+
+def weight_bits(graph: ForgeGraph) -> float:
+    """Total bits of the graph's weights: quantized parameters at their format's bits, others at dtype bits."""
+    from ..passes.quantize.quantizer import Quantize
+
+    model = graph.model
+    quant_bits: dict[str, float] = {}
+    for path, module in model.named_modules():
+        if isinstance(module, Quantize) and module.is_param and path.endswith("_quantizer"):
+            owner, _, attr = path.rpartition(".")
+            quant_bits[f"{owner}.{attr.removesuffix('_quantizer')}".lstrip(".")] = float(module.bits)
+    total = 0.0
+    seen: set[int] = set()
+    tensors = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if b.dtype == torch.int8)]
+    for name, t in tensors:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        bits = quant_bits.get(name, float(t.element_size() * 8))
+        total += bits * t.numel()
+    return total
+
+
+def avg_weight_bits(graph: ForgeGraph) -> float:
+    count = sum(p.numel() for p in graph.model.parameters())
+    return weight_bits(graph) / count if count else 0.0
+
+
+def param_count(graph: ForgeGraph) -> float:
+    return float(sum(p.numel() for p in graph.model.parameters()))
+
+
+def latency_ms(graph: ForgeGraph, task: Task | None, repeats: int = 5) -> float:
+    """Median wall time (ms) of ``repeats`` forwards on the first eval batch (or the example inputs)."""
+    batch: Any
+    if task is not None and task.eval_batches():
+        from .task import with_labels
+
+        batch = with_labels(graph.model, *task.eval_batches()[0])
+    elif graph.example_inputs is not None:
+        batch = graph.example_inputs
+    else:
+        raise SearchError("latency needs a task with eval batches or a graph with example inputs")
+    model = graph.model
+    was_training = model.training
+    model.eval()
+    times = []
+    try:
+        with torch.no_grad():
+            run_batch(model, batch)  # warm-up
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run_batch(model, batch)
+                times.append((time.perf_counter() - start) * 1e3)
+    finally:
+        model.train(was_training)
+    return statistics.median(times)
+
+
+def _accuracy(graph: ForgeGraph, task: Task | None) -> float:
+    if task is None:
+        raise SearchError("the accuracy objective needs a task (evaluation data)")
+    return task.accuracy(graph)
+
+
+OBJECTIVES: dict[str, Objective] = {
+    "accuracy": Objective("accuracy", "maximize", _accuracy),
+    "latency_ms": Objective("latency_ms", "minimize", latency_ms),
+    "weight_bits": Objective("weight_bits", "minimize", lambda g, t: weight_bits(g)),
+    "avg_weight_bits": Objective("avg_weight_bits", "minimize", lambda g, t: avg_weight_bits(g)),
+    "param_count": Objective("param_count", "minimize", lambda g, t: param_count(g)),
+}
+
+
+def resolve_objectives(names: Any) -> tuple[Objective, ...]:
+    """Objective objects by name (or given objects); SearchError listing the built-in names."""
+    if isinstance(names, str | Objective):
+        names = [names]
+    out = []
+    for n in names:
+        if isinstance(n, Objective):
+            out.append(n)
+        elif n in OBJECTIVES:
+            out.append(OBJECTIVES[n])
+        else:
+            raise SearchError(f"unknown objective {n!r}; built-in: {sorted(OBJECTIVES)} (or pass an Objective)")
+    if not out:
+        raise SearchError("a search needs at least one objective")
+    if len({o.name for o in out}) != len(out):
+        raise SearchError(f"objectives repeat: {[o.name for o in out]}")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``max_drop`` of a maximised objective from the base graph's value (e.g. accuracy drop ≤ 0.01),
+    or an absolute ``max_value`` / ``min_value``. Feasible when :meth:`violation` ≤ 0."""
+
+    objective: str
+    max_drop: float | None = None
+    max_value: float | None = None
+    min_value: float | None = None
+
+    def violation(self, values: Mapping[str, float], baseline: Mapping[str, float]) -> float:
+        v = values[self.objective]
+        parts = []
+        if self.max_drop is not None:
+            if self.objective not in baseline:
+                raise SearchError(f"constraint on {self.objective!r} drop needs its baseline value")
+            parts.append(baseline[self.objective] - v - self.max_drop)
+        if self.max_value is not None:
+            parts.append(v - self.max_value)
+        if self.min_value is not None:
+            parts.append(self.min_value - v)
+        return max(parts) if parts else 0.0

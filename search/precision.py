@@ -1,0 +1,128 @@
+"""MixedPrecisionSpace: per-layer (or per-op-type) number formats and widths for the quantize pass.
+
+Candidate formats come from the quantization pass's own table (fixed point ``integer`` with
+``width``/``frac_width`` as in MASE's tutorial, ``scaled_integer``, ``minifloat``, ``mxint``, ...). A
+parameter given as a list is searched, a scalar is fixed; roles are ``data_in``, ``weight``, ``bias``.
+A sampled combination the format rejects (e.g. ``frac_width > width``) is pruned before evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..passes.quantize.config import QUANTIZABLE_OPS, QuantizeConfig
+from ..passes.quantize.formats import ROLES, QuantizeConfigError, get_format
+from ..passes.select import select_nodes
+from .errors import SearchError
+from .space import SPACES, SearchSpace, TrialPlan, check_choices, unknown_keys
+
+if TYPE_CHECKING:
+    import optuna
+
+    from ..graph.forge_graph import ForgeGraph
+
+__all__ = ["MixedPrecisionSpace"]
+
+
+class MixedPrecisionSpace(SearchSpace):
+    """Search quantization formats per layer or per op type.
+
+    Args:
+        formats: format name → parameters (list = searched, scalar = fixed), e.g.
+            ``{"integer": {"width": [4, 8, 16], "frac_width": [2, 4, 8]}}``.
+        roles: which operands are quantized with the sampled parameters (each role samples its own).
+        per: ``"layer"`` (one choice per layer of the target op types) or ``"type"`` (one per op type).
+        targets: canonical op types to quantize (default ``["linear"]``).
+        calibrate: add a calibration step (needed by static scaled formats).
+        lower_int8: add int8 lowering (real int8 kernels; only meaningful for 8-bit integer formats).
+    """
+
+    kind = "precision"
+
+    def __init__(self, formats: Mapping[str, Mapping[str, Any]], roles: Sequence[str] = ("data_in", "weight", "bias"),
+                 per: Literal["layer", "type"] = "type", targets: Sequence[str] = ("linear",),
+                 calibrate: bool = False, lower_int8: bool = False, layers: Sequence[str] = ()) -> None:
+        if not isinstance(formats, Mapping) or not formats:
+            raise SearchError("precision space: 'formats' must name at least one format")
+        self.formats: dict[str, dict[str, tuple[Any, ...]]] = {}
+        for name, params in formats.items():
+            try:
+                fmt = get_format(name)
+            except QuantizeConfigError as exc:
+                raise SearchError(f"precision space: {exc}") from None
+            bad = sorted(set(params) - set(fmt.param_names))
+            if bad:
+                raise SearchError(f"precision space: format {name!r} has no parameter(s) {bad}; "
+                                  f"parameters: {list(fmt.param_names)}")
+            self.formats[name] = {p: check_choices(f"{name}.{p}", v if isinstance(v, list | tuple) else [v])
+                                  for p, v in params.items()}
+        bad_roles = [r for r in roles if r not in ROLES]
+        if bad_roles or not roles:
+            raise SearchError(f"precision space: roles must be a non-empty subset of {list(ROLES)}, got {list(roles)}")
+        if per not in ("layer", "type"):
+            raise SearchError(f"precision space: 'per' must be 'layer' or 'type', got {per!r}")
+        bad_ops = [t for t in targets if t not in QUANTIZABLE_OPS]
+        if bad_ops or not targets:
+            raise SearchError(f"precision space: unknown op type(s) {bad_ops}; quantizable: {list(QUANTIZABLE_OPS)}")
+        self.roles, self.per, self.targets = tuple(roles), per, tuple(targets)
+        self.calibrate, self.lower_int8, self.layers = bool(calibrate), bool(lower_int8), tuple(layers)
+
+    def bind(self, graph: ForgeGraph | None) -> MixedPrecisionSpace:
+        if self.per == "type" or graph is None:
+            return self
+        layers = tuple(dict.fromkeys(name for _, name, _, _ in select_nodes(graph.model, {"type": list(self.targets)})))
+        if not layers:
+            raise SearchError(f"precision space: the graph has no layer of type {list(self.targets)}")
+        bound = MixedPrecisionSpace.__new__(MixedPrecisionSpace)
+        bound.__dict__.update(self.__dict__)
+        bound.layers = layers
+        return bound
+
+    def keys(self) -> tuple[str, ...]:
+        if self.per == "type":
+            return self.targets
+        if not self.layers:
+            raise SearchError("precision space with per='layer' must be bound to a graph first")
+        return self.layers
+
+    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+        import optuna
+
+        config: dict[str, Any] = {"by": "type" if self.per == "type" else "name",
+                                  "default": {"config": {"name": None}}}
+        names = list(self.formats)
+        for key in self.keys():
+            fmt = names[0] if len(names) == 1 else trial.suggest_categorical(f"{key}:format", names)
+            entry: dict[str, Any] = {"name": fmt}
+            for role in self.roles:
+                for param, values in self.formats[fmt].items():
+                    entry[f"{role}_{param}"] = values[0] if len(values) == 1 else \
+                        trial.suggest_categorical(f"{key}:{fmt}:{role}_{param}", list(values))
+            config[key] = {"config": entry}
+        try:
+            QuantizeConfig.from_dict(config)
+        except QuantizeConfigError as exc:
+            raise optuna.TrialPruned(f"invalid format combination: {exc}") from None
+        steps: list[tuple[str, Mapping[str, Any]]] = [("quantize_transform_pass", config)]
+        if self.calibrate:
+            steps.append(("calibrate_analysis_pass", {}))
+        if self.lower_int8:
+            steps.append(("lower_int8_transform_pass", {}))
+        return TrialPlan(tuple(steps))
+
+    def to_spec(self) -> dict[str, Any]:
+        formats = {f: {p: list(v) for p, v in ps.items()} for f, ps in self.formats.items()}
+        return {"kind": self.kind, "formats": formats,
+                "roles": list(self.roles), "per": self.per, "targets": list(self.targets),
+                "calibrate": self.calibrate, "lower_int8": self.lower_int8}
+
+
+def _from_spec(spec: Mapping[str, Any]) -> MixedPrecisionSpace:
+    unknown_keys("precision", spec, ("formats", "roles", "per", "targets", "calibrate", "lower_int8"))
+    if "formats" not in spec:
+        raise SearchError("precision space needs 'formats'")
+    return MixedPrecisionSpace(**dict(spec))
+
+
+SPACES["precision"] = _from_spec

@@ -1,0 +1,303 @@
+"""Run a search: an Optuna study whose trials each evaluate one plan on a fresh copy of the base graph.
+
+Every trial starts from ``base.copy()`` (or, for NAS, a freshly built and captured model), never from
+the previous trial's graph; an identical plan already evaluated in the study (by any worker, before a
+resume too) is not evaluated again — its values are reused, keyed by the plan's content. Nothing is
+pickled into the study: a trial stores its plan as JSON, and results are rebuilt from it
+(:mod:`fxforge.search.results`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from ..graph.forge_graph import ForgeGraph
+from ..pipelines import Pipeline
+from .errors import SearchError
+from .objectives import Constraint, Objective, resolve_objectives
+from .space import SearchSpace, TrialPlan
+from .storage import StorageSpec, open_storage
+from .task import Task
+
+__all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", "trial_pipeline"]
+
+SPACE_ATTR, BASELINE_ATTR, OBJECTIVES_ATTR = "fxforge_space", "fxforge_baseline", "fxforge_objectives"
+CONFIG_ATTR = "fxforge_config"
+
+
+def _sampler(name: str, seed: int | None, multi: bool, constrained: bool) -> optuna.samplers.BaseSampler:
+    constraints = {"constraints_func": _constraints_of} if constrained else {}
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, **constraints)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, **constraints)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, **constraints)
+    if name == "grid":
+        return optuna.samplers.BruteForceSampler(seed=seed)
+    raise SearchError(f"unknown sampler {name!r}; choose from {sorted(SAMPLERS)}")
+
+
+SAMPLERS: tuple[str, ...] = ("gp", "grid", "nsga2", "random", "tpe")
+PRUNERS: tuple[str, ...] = ("hyperband", "median", "none")
+
+
+def _pruner(name: str | None) -> optuna.pruners.BasePruner:
+    if name in (None, "none"):
+        return optuna.pruners.NopPruner()
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    raise SearchError(f"unknown pruner {name!r}; choose from {list(PRUNERS)}")
+
+
+PLAN_ATTR, RESULT_ATTR = "fxforge_plan", "fxforge_result"
+
+
+def trial_result(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """What fxforge recorded after evaluating a trial: values by objective, constraints, timing, cache hit."""
+    return dict(trial.user_attrs.get(RESULT_ATTR, {}))
+
+
+def trial_plan_key(trial: optuna.trial.FrozenTrial) -> str | None:
+    return trial.user_attrs.get(PLAN_ATTR, {}).get("key")
+
+
+def _constraints_of(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
+    return trial_result(trial).get("constraints", [0.0])
+
+
+def _fail_interrupted(study: optuna.Study) -> None:
+    """Mark trials left RUNNING by a killed process as FAIL (the embedded store has one writer at a time)."""
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+
+def trial_pipeline(steps: Sequence[tuple[str, Mapping[str, Any]]], name: str) -> Pipeline | None:
+    """A trial's plan steps as a pipeline: pass names and args are validated when it is built (before any
+    step runs or any training starts), and running it records a replayable entry in the graph's history."""
+    return Pipeline([(step, dict(args)) for step, args in steps], name=name, verify=False) if steps else None
+
+
+def apply_steps(graph: ForgeGraph, pipeline: Pipeline | None) -> ForgeGraph:
+    """Run a trial pipeline on ``graph`` in place (the trial's graph is already a fresh copy)."""
+    if pipeline is None:
+        return graph
+    graph, _ = pipeline(graph, inplace=True)
+    return graph
+
+
+def build_trial_graph(space: SearchSpace, plan: TrialPlan, base: ForgeGraph | None,
+                      capture: Mapping[str, Any]) -> ForgeGraph:
+    """The graph a trial starts from: a copy of the base graph, or (NAS) the sampled model captured."""
+    if plan.model_config is None:
+        if base is None:
+            raise SearchError("this space starts from a base graph: pass base=ForgeGraph(...)")
+        return base.copy()
+    build = getattr(space, "build_model", None)
+    if build is None:  # a joint space holding a NAS space
+        build = next(s.build_model for s in getattr(space, "spaces", ()) if hasattr(s, "build_model"))
+    return ForgeGraph(build(plan.model_config, plan.identity_layers), **dict(capture))
+
+
+@dataclass
+class Search:
+    """A configured search; :meth:`run` creates (or resumes) the study and optimises it.
+
+    Args:
+        space: what to search (NASSpace, MixedPrecisionSpace, PruningSpace, LoRARankSpace, JointSpace).
+        objectives: names from :data:`fxforge.search.objectives.OBJECTIVES` or Objective objects.
+        base: the graph every trial copies (not needed by a pure NAS space).
+        task: evaluation data (and training, for spaces that fine-tune).
+        n_trials: the study's target count of finished (complete or pruned) trials.
+        sampler / pruner: by name (samplers: tpe, nsga2, random, grid, gp; pruners: median, hyperband).
+        storage: None (journal file in ``run_dir``), a journal path, ``sqlite:///…`` or ``postgresql://…``.
+        resume: continue an existing study of the same name and space (else an existing one is refused).
+        constraints: e.g. ``[Constraint("accuracy", max_drop=0.01)]`` (feasible trials first in results).
+        capture: ForgeGraph keyword arguments for NAS trials (e.g. ``{"hf_input_names": [...]}``).
+    """
+
+    space: SearchSpace
+    objectives: Sequence[str | Objective] = ("accuracy",)
+    base: ForgeGraph | None = None
+    task: Task | None = None
+    n_trials: int = 20
+    sampler: str = "tpe"
+    pruner: str | None = None
+    storage: str | None = None
+    study_name: str = "fxforge"
+    run_dir: str | Path = "fxforge-search"
+    resume: bool = False
+    constraints: Sequence[Constraint] = ()
+    capture: Mapping[str, Any] = field(default_factory=dict)
+    seed: int | None = 0
+    progress: bool = True
+    timeout: float | None = None
+    on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
+    config_json: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_trials < 1:
+            raise SearchError(f"n_trials must be >= 1, got {self.n_trials}")
+        self._objectives = resolve_objectives(self.objectives)
+        names = {o.name for o in self._objectives}
+        for c in self.constraints:
+            if c.objective not in names:
+                raise SearchError(f"constraint on {c.objective!r}, which is not an objective ({sorted(names)})")
+        if self.sampler not in SAMPLERS:
+            raise SearchError(f"unknown sampler {self.sampler!r}; choose from {list(SAMPLERS)}")
+        _pruner(self.pruner)
+        if self.pruner not in (None, "none") and len(self._objectives) > 1:
+            raise SearchError("pruners need a single objective (Optuna cannot report intermediate values of a "
+                              "multi-objective trial); drop the pruner or keep one objective")
+        if self.space.needs_graph and self.base is None:
+            raise SearchError(f"a {self.space.kind} space starts every trial from a base graph: pass base=")
+        self.run_dir = Path(self.run_dir)
+        self._bound = self.space.bind(self.base)
+        self._baseline: dict[str, float] = {}
+
+    # -- study ----------------------------------------------------------------------------------------
+    def open_study(self) -> optuna.Study:
+        """Create or (with ``resume``) load the study; refuses a clash of name, space or objectives."""
+        storage = open_storage(StorageSpec(self.storage), Path(self.run_dir))
+        directions = [o.direction for o in self._objectives]
+        existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+        spec = json.dumps(self._bound_spec(), sort_keys=True)
+        objectives = [o.name for o in self._objectives]
+        if self.study_name in existing:
+            study = optuna.load_study(study_name=self.study_name, storage=storage,
+                                      sampler=self._make_sampler(), pruner=_pruner(self.pruner))
+            if study.user_attrs.get(SPACE_ATTR) not in (None, spec):
+                raise SearchError(f"study {self.study_name!r} exists with a different search space; "
+                                  "choose another study_name (or run_dir)")
+            if study.user_attrs.get(OBJECTIVES_ATTR) not in (None, objectives):
+                raise SearchError(f"study {self.study_name!r} exists with objectives "
+                                  f"{study.user_attrs[OBJECTIVES_ATTR]}, not {objectives}")
+            if not self.resume:
+                raise SearchError(f"study {self.study_name!r} already exists ({len(study.trials)} trials); "
+                                  "pass resume=True to continue it, or choose another study_name")
+            if StorageSpec(self.storage).kind == "journal":
+                _fail_interrupted(study)
+            return study
+        study = optuna.create_study(storage=storage, study_name=self.study_name, directions=directions,
+                                    sampler=self._make_sampler(), pruner=_pruner(self.pruner))
+        study.set_user_attr(SPACE_ATTR, spec)
+        study.set_user_attr(OBJECTIVES_ATTR, objectives)
+        if self.config_json is not None:
+            study.set_user_attr(CONFIG_ATTR, self.config_json)
+        return study
+
+    def _bound_spec(self) -> dict[str, Any]:
+        return self.space.to_spec()
+
+    def _make_sampler(self) -> optuna.samplers.BaseSampler:
+        return _sampler(self.sampler, self.seed, len(self._objectives) > 1, bool(self.constraints))
+
+    def baseline(self, study: optuna.Study) -> dict[str, float]:
+        """Objectives of the base graph, measured once per study (stored in it for resumes and workers)."""
+        stored = study.user_attrs.get(BASELINE_ATTR)
+        if stored is not None:
+            return dict(stored)
+        if self.base is None:
+            return {}
+        values = {o.name: float(o.measure(self.base, self.task)) for o in self._objectives}
+        study.set_user_attr(BASELINE_ATTR, values)
+        return values
+
+    # -- trials ---------------------------------------------------------------------------------------
+    def evaluate(self, trial: optuna.Trial) -> list[float]:
+        """Sample a plan, reuse an identical finished plan's values, else build, run and measure it."""
+        t0 = time.perf_counter()
+        plan = self._bound.suggest(trial)
+        key = plan.key()
+        trial.set_user_attr(PLAN_ATTR, {"key": key, **plan.to_json()})  # one write: replayable even if we die
+        cached = self._cached(trial.study, key)
+        if cached is not None:
+            trial.set_user_attr(RESULT_ATTR, {**trial_result(cached), "cached_from": cached.number})
+            return list(cached.values)
+        t1 = time.perf_counter()
+        before = trial_pipeline(plan.before_training(), f"trial {trial.number}: before training")
+        after = trial_pipeline(plan.after_training(), f"trial {trial.number}: after training")
+        graph = build_trial_graph(self._bound, plan, self.base, self.capture)
+        t2 = time.perf_counter()
+        graph = apply_steps(graph, before)
+        if plan.train:
+            if self.task is None:
+                raise SearchError("this space fine-tunes every trial: pass a task that can train")
+            self.task.train(graph, trial if len(self._objectives) == 1 else None)
+        graph = apply_steps(graph, after)
+        t3 = time.perf_counter()
+        values = {o.name: float(o.measure(graph, self.task)) for o in self._objectives}
+        t4 = time.perf_counter()
+        result: dict[str, Any] = {"values": values,
+                                  "timing_s": {"sample": t1 - t0, "build": t2 - t1, "run": t3 - t2, "measure": t4 - t3}}
+        if self.constraints:
+            result["constraints"] = [c.violation(values, self._baseline) for c in self.constraints]
+        trial.set_user_attr(RESULT_ATTR, result)
+        return [values[o.name] for o in self._objectives]
+
+    @staticmethod
+    def _cached(study: optuna.Study, key: str) -> optuna.trial.FrozenTrial | None:
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if trial_plan_key(t) == key:
+                return t
+        return None
+
+    def run(self) -> Any:
+        """Optimise until the study holds ``n_trials`` finished trials; returns a SearchResult."""
+        from .results import SearchResult
+
+        study = self.open_study()
+        self._baseline = self.baseline(study)
+        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [
+            optuna.study.MaxTrialsCallback(self.n_trials, states=finished)]
+        if self.on_trial is not None:
+            callbacks.append(self.on_trial)
+        done = len(study.get_trials(deepcopy=False, states=finished))
+        if done < self.n_trials:
+            with _progress(self, study, done) as bar:
+                study.optimize(self.evaluate, n_trials=None, timeout=self.timeout, callbacks=[*callbacks, bar])
+        return SearchResult(study, [o.name for o in self._objectives], self._baseline, self)
+
+
+class _progress:
+    """A tqdm bar of finished trials with the best value so far (a no-op when progress is off)."""
+
+    def __init__(self, search: Search, study: optuna.Study, done: int) -> None:
+        self.search, self.study, self.done = search, study, done
+        self.bar: Any = None
+
+    def __enter__(self) -> _progress:
+        if self.search.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.search.n_trials, initial=self.done, desc=f"search {self.search.study_name}",
+                            unit="trial", leave=True)
+        return self
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(1)
+        if trial.values is not None and len(trial.values) == 1:
+            try:
+                self.bar.set_postfix(best=f"{study.best_value:.4g}")
+            except ValueError:
+                pass
+        elif trial.values is not None:
+            self.bar.set_postfix(pareto=len(study.best_trials))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,174 @@
+"""What a trial is evaluated on: held-out batches with labels, and (when the space needs it) training.
+
+:class:`TextClassificationTask` wraps fxforge's offline IMDb / Rotten Tomatoes data and trains through
+``fxforge.data.get_trainer`` (the HF Trainer), reporting intermediate accuracy to the trial so Optuna's
+pruners (median, hyperband) can stop hopeless trials early. Batches are data: built once per process
+and passed by reference.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import SearchError
+
+if TYPE_CHECKING:
+    import optuna
+
+    from ..graph.forge_graph import ForgeGraph
+
+__all__ = ["Batch", "Task", "TensorTask", "TextClassificationTask", "logits_of"]
+
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]  # (model keyword inputs, labels)
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits of a model output (HF ModelOutput, dict, tuple or tensor)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, Mapping) and "logits" in output:
+        return output["logits"]
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise SearchError(f"cannot find logits in a model output of type {type(output).__name__}")
+
+
+def with_labels(model: torch.nn.Module, inputs: Mapping[str, Any], labels: torch.Tensor) -> dict[str, Any]:
+    """``inputs`` plus ``labels`` when the model's forward takes them (a graph captured with labels needs them)."""
+    from ..data import _accepted_keys
+
+    keys = _accepted_keys(model)
+    return {**inputs, "labels": labels} if keys is not None and "labels" in keys else dict(inputs)
+
+
+class Task(ABC):
+    """Evaluation data (and optionally training) for a search."""
+
+    @abstractmethod
+    def eval_batches(self) -> Sequence[Batch]:
+        """Held-out (inputs, labels) batches; the same objects on every call."""
+
+    def train(self, graph: ForgeGraph, trial: optuna.Trial | None) -> None:
+        """Fine-tune ``graph`` in place; report intermediate accuracy to ``trial`` for pruners."""
+        raise SearchError(f"{type(self).__name__} cannot train; use a space that needs no fine-tuning")
+
+    def accuracy(self, graph: ForgeGraph) -> float:
+        """Fraction of held-out samples whose argmax logit equals the label (eval mode, no grad)."""
+        model = graph.model
+        was_training = model.training
+        model.eval()
+        correct = total = 0
+        try:
+            with torch.no_grad():
+                for inputs, labels in self.eval_batches():
+                    pred = logits_of(model(**with_labels(model, inputs, labels))).argmax(-1)
+                    correct += int((pred == labels).sum())
+                    total += int(labels.numel())
+        finally:
+            model.train(was_training)
+        if total == 0:
+            raise SearchError("the task's evaluation data is empty")
+        return correct / total
+
+
+class TensorTask(Task):
+    """Evaluation on in-memory tensors: ``inputs`` (keyword tensors) and ``labels``, split into batches."""
+
+    def __init__(self, inputs: Mapping[str, torch.Tensor], labels: torch.Tensor, batch_size: int = 64) -> None:
+        n = int(labels.shape[0])
+        self._batches: list[Batch] = [
+            ({k: v[i:i + batch_size] for k, v in inputs.items()}, labels[i:i + batch_size])
+            for i in range(0, n, batch_size)]
+
+    def eval_batches(self) -> Sequence[Batch]:
+        return self._batches
+
+
+class TextClassificationTask(Task):
+    """Offline IMDb / Rotten Tomatoes classification through fxforge.data.
+
+    Args:
+        dataset: ``"imdb"`` or ``"rotten_tomatoes"``.
+        checkpoint: tokenizer name (the offline MiniLM by default).
+        train_size / eval_size: reviews used for fine-tuning / held-out accuracy.
+        max_length: tokens per review; eval batches are padded to it (one static shape).
+        train_args: ``get_trainer`` keyword overrides (``num_train_epochs``, ``learning_rate``, ``max_steps``, ...).
+        eval_batch_size: batch size of the held-out batches.
+        report_every: evaluate (and report to the pruner) every this many optimizer steps.
+        progress: show the HF Trainer's progress bar while a trial trains.
+    """
+
+    def __init__(self, dataset: str = "imdb", checkpoint: str | None = None, train_size: int = 800,
+                 eval_size: int = 200, max_length: int = 128, train_args: Mapping[str, Any] | None = None,
+                 eval_batch_size: int = 32, report_every: int = 0, progress: bool = True) -> None:
+        from ..data import get_tokenized_dataset
+        from ..models.bert import MINILM_NAME
+
+        if train_size < 1 or eval_size < 1:
+            raise SearchError(f"train_size and eval_size must be >= 1, got {train_size}, {eval_size}")
+        self.data, self.tokenizer = get_tokenized_dataset(
+            dataset, checkpoint or MINILM_NAME, return_tokenizer=True, max_length=max_length, limit=train_size,
+            test_limit=eval_size)
+        self.max_length, self.eval_batch_size = max_length, eval_batch_size
+        self.train_args = dict(train_args or {})
+        self.report_every, self.progress = report_every, progress
+        self._eval: list[Batch] | None = None
+
+    def eval_batches(self) -> Sequence[Batch]:
+        if self._eval is None:
+            test = self.data["test"]
+            rows = [test[i] for i in range(len(test))]
+            self._eval = []
+            for i in range(0, len(rows), self.eval_batch_size):
+                chunk = rows[i:i + self.eval_batch_size]
+                enc = self.tokenizer.pad([{k: r[k] for k in ("input_ids", "attention_mask")} for r in chunk],
+                                         padding="max_length", max_length=self.max_length, return_tensors="pt")
+                labels = torch.tensor([int(r["labels"]) for r in chunk])
+                self._eval.append(({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, labels))
+        return self._eval
+
+    def train(self, graph: ForgeGraph, trial: optuna.Trial | None) -> None:
+        import tempfile
+
+        from transformers import TrainerCallback
+
+        from ..data import get_trainer
+
+        task = self
+
+        class _Report(TrainerCallback):  # type: ignore[misc]
+            def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **_: Any) -> None:
+                if trial is None or not metrics or "eval_accuracy" not in metrics:
+                    return
+                import optuna
+
+                trial.report(float(metrics["eval_accuracy"]), step=int(state.global_step))
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at step {state.global_step} "
+                                             f"(accuracy {metrics['eval_accuracy']:.3f})")
+
+        overrides = dict(task.train_args)
+        training_args = dict(overrides.pop("training_args", {}))
+        training_args.setdefault("disable_tqdm", not self.progress)  # a bar per trial's training
+        training_args.setdefault("logging_strategy", "no")
+        if self.report_every:
+            training_args.update(eval_strategy="steps", eval_steps=self.report_every)
+        with tempfile.TemporaryDirectory(prefix="fxforge-trial-") as out:
+            trainer = get_trainer(graph, self.data, self.tokenizer, output_dir=out, training_args=training_args,
+                                  **overrides)
+            trainer.add_callback(_Report())
+            trainer.train()
+        graph.model.eval()
+
+
+def finite(value: float, what: str) -> float:
+    if not math.isfinite(value):
+        raise SearchError(f"objective {what} is not finite ({value})")
+    return value

@@ -1,0 +1,112 @@
+"""Architecture cache: the same architecture with other weights hits (outputs follow the new weights);
+anything that changes the architecture or the input spec misses; what the key cannot describe is not cached."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import bert_inputs
+
+from fxforge import ForgeGraph, passes
+from fxforge.graph.capture import CACHE_HIT_NOTE
+from fxforge.graph.capture_cache import capture_cache_size, clear_capture_cache
+from fxforge.models.bert import tiny_bert
+
+NAMES = ["input_ids", "attention_mask", "labels"]
+
+
+def _bert(seed: int = 0, heads: int = 4) -> nn.Module:
+    return tiny_bert(vocab_size=100, num_attention_heads=heads, max_position_embeddings=64, seed=seed).eval()
+
+
+def _hit(mg: ForgeGraph) -> bool:
+    return CACHE_HIT_NOTE in mg.capture_notes
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache() -> None:
+    clear_capture_cache()
+
+
+def _logits(mg: ForgeGraph | nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        return mg(**inputs).logits
+
+
+def test_other_weights_hit_and_outputs_follow_them() -> None:
+    a, b = _bert(seed=0), _bert(seed=1)
+    ga = ForgeGraph(a, hf_input_names=NAMES)
+    gb = ForgeGraph(b, hf_input_names=NAMES)
+    assert not _hit(ga) and _hit(gb)
+    fresh = ForgeGraph(b, hf_input_names=NAMES, cache=False)
+    assert gb.model.code == fresh.model.code
+    for inputs in (bert_inputs(batch=3, seq=11), bert_inputs(batch=1, seq=20)):
+        assert (_logits(gb.eval(), inputs) - _logits(b, inputs)).abs().max() <= 1e-5
+        assert (_logits(ga.eval(), inputs) - _logits(a, inputs)).abs().max() <= 1e-5
+        assert not torch.allclose(_logits(gb, inputs), _logits(a, inputs))
+    # the graph shares b's modules, as a fresh capture does; training it trains b
+    q = "bert.encoder.layer.0.attention.self.query"
+    assert gb.model.get_submodule(q) is b.get_submodule(q)
+
+
+def test_changed_config_misses_even_with_equal_parameter_shapes() -> None:
+    a, b = _bert(heads=4), _bert(heads=2)  # same parameter shapes, different attention
+    assert [p.shape for p in a.parameters()] == [p.shape for p in b.parameters()]
+    ForgeGraph(a, hf_input_names=NAMES)
+    gb = ForgeGraph(b, hf_input_names=NAMES)
+    assert not _hit(gb)
+    inputs = bert_inputs()
+    assert (_logits(gb.eval(), inputs) - _logits(b, inputs)).abs().max() <= 1e-5
+
+
+def test_input_spec_settings_and_mode_are_part_of_the_key() -> None:
+    a = _bert()
+    ForgeGraph(a, hf_input_names=NAMES)
+    # tracing with labels sets a.config.problem_type (HF does that on a first forward): a changed config misses
+    assert a.config.problem_type == "single_label_classification"
+    assert not _hit(ForgeGraph(a, hf_input_names=NAMES))
+    assert not _hit(ForgeGraph(a, hf_input_names=["input_ids", "attention_mask"]))
+    assert not _hit(ForgeGraph(a, hf_input_names=NAMES, dynamic=False))
+    a.train()
+    assert not _hit(ForgeGraph(a, hf_input_names=NAMES))
+    a.eval()
+    assert _hit(ForgeGraph(a, hf_input_names=NAMES))
+
+
+class _Scaled(nn.Module):
+    def __init__(self, scale: float, act: object = None) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = scale
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x) * self.scale
+        return self.act(y) if callable(self.act) else y
+
+
+def test_plain_attributes_are_keyed_and_unknown_values_disable_the_cache() -> None:
+    x = torch.randn(2, 4)
+    ForgeGraph(_Scaled(2.0), x)
+    three = _Scaled(3.0)
+    g = ForgeGraph(three, x)
+    assert not _hit(g) and torch.allclose(g(x), three(x))
+    assert _hit(ForgeGraph(_Scaled(3.0), x))
+    size = capture_cache_size()
+    lam = _Scaled(3.0, act=lambda t: t + 1)
+    g = ForgeGraph(lam, x)
+    assert not _hit(g) and any("capture cache not used" in n and "'act'" in n for n in g.capture_notes)
+    assert capture_cache_size() == size and torch.allclose(g(x), lam(x))
+    hooked = _Scaled(3.0)
+    hooked.lin.register_forward_hook(lambda m, i, o: o * 0)
+    assert not _hit(ForgeGraph(hooked, x))
+
+
+def test_transforming_a_hit_leaves_the_cache_clean() -> None:
+    ForgeGraph(_bert(), hf_input_names=NAMES)
+    hit = ForgeGraph(_bert(seed=1), hf_input_names=NAMES)
+    passes.insert_lora_adapter_transform_pass(hit, {"rank": 2})
+    again = ForgeGraph(_bert(seed=2), hf_input_names=NAMES)
+    assert _hit(again)
+    assert not any("lora" in type(m).__name__.lower() for m in again.model.modules())

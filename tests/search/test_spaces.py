@@ -1,0 +1,93 @@
+"""Search spaces: real HF field names, validated choices, invalid combinations pruned before training."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from fxforge.search import (
+    JointSpace,
+    LoRARankSpace,
+    MixedPrecisionSpace,
+    NASSpace,
+    PruningSpace,
+    SearchError,
+    space_from_spec,
+)
+
+
+def _trial(params: dict | None = None) -> optuna.Trial:
+    study = optuna.create_study()
+    if params:
+        study.enqueue_trial(params)
+    return study.ask()
+
+
+def test_nas_space_refuses_fields_bert_config_does_not_have() -> None:
+    with pytest.raises(SearchError, match=r"BertConfig has no field\(s\) \['num_heads', 'num_layers'\]"):
+        NASSpace("BertConfig", {"num_layers": [2, 4], "num_heads": [2, 4]})
+    with pytest.raises(SearchError, match="choices must be a non-empty list"):
+        NASSpace("BertConfig", {"num_hidden_layers": []})
+    with pytest.raises(SearchError, match="not a transformers PretrainedConfig class"):
+        NASSpace("os", {"num_hidden_layers": [1]})
+
+
+def test_nas_space_prunes_indivisible_heads_and_builds_real_sizes() -> None:
+    space = NASSpace("BertConfig", {"hidden_size": [24, 32], "num_attention_heads": [3, 4],
+                                    "num_hidden_layers": [1, 2]},
+                     base={"vocab_size": 50, "intermediate_size": 16, "max_position_embeddings": 32})
+    with pytest.raises(optuna.TrialPruned, match="hidden_size 32 is not divisible by num_attention_heads 3"):
+        space.suggest(_trial({"hidden_size": 32, "num_attention_heads": 3, "num_hidden_layers": 1}))
+    plan = space.suggest(_trial({"hidden_size": 24, "num_attention_heads": 3, "num_hidden_layers": 2}))
+    assert plan.train and dict(plan.model_config) == {"hidden_size": 24, "num_attention_heads": 3,
+                                                      "num_hidden_layers": 2}
+    model = space.build_model(plan.model_config, ())
+    assert model.config.num_hidden_layers == 2 and len(model.bert.encoder.layer) == 2
+    assert model.bert.encoder.layer[0].attention.self.query.out_features == 24
+
+
+def test_nas_identity_only_where_shapes_fit() -> None:
+    space = NASSpace("BertConfig", {"num_hidden_layers": [1]}, identity=[r".*attention\.output\.dense",
+                                                                         r".*output\.dense"],
+                     base={"vocab_size": 50, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32})
+    cands = space.identity_candidates({"num_hidden_layers": 1})
+    assert cands == ["bert.encoder.layer.0.attention.output.dense"]  # FFN output dense is 32 -> 16: excluded
+    plan = space.suggest(_trial({"num_hidden_layers": 1, f"identity:{cands[0]}": "identity"}))
+    assert plan.identity_layers == tuple(cands)
+    model = space.build_model(plan.model_config, plan.identity_layers)
+    assert type(model.bert.encoder.layer[0].attention.output.dense).__name__ == "Identity"
+
+
+def test_precision_space_validates_and_prunes_bad_widths() -> None:
+    with pytest.raises(SearchError, match="unknown quantization format 'float4'"):
+        MixedPrecisionSpace({"float4": {"width": [4]}})
+    with pytest.raises(SearchError, match=r"has no parameter\(s\) \['bits'\]"):
+        MixedPrecisionSpace({"integer": {"bits": [4]}})
+    with pytest.raises(SearchError, match="choices must be a non-empty list"):
+        MixedPrecisionSpace({"integer": {"width": [], "frac_width": [2]}})
+    space = MixedPrecisionSpace({"integer": {"width": [4, 8], "frac_width": [2, 6]}}, roles=("weight",))
+    with pytest.raises(optuna.TrialPruned, match="invalid format combination"):
+        space.suggest(_trial({"linear:integer:weight_width": 4, "linear:integer:weight_frac_width": 6}))
+    plan = space.suggest(_trial({"linear:integer:weight_width": 8, "linear:integer:weight_frac_width": 6}))
+    (name, config), = plan.steps
+    assert name == "quantize_transform_pass"
+    assert config["linear"]["config"] == {"name": "integer", "weight_width": 8, "weight_frac_width": 6}
+
+
+def test_joint_space_orders_steps_and_round_trips_its_spec() -> None:
+    joint = JointSpace(MixedPrecisionSpace({"integer": {"width": [8], "frac_width": [4]}}),
+                       LoRARankSpace([4, 8]), PruningSpace([0.5], method="l1"))
+    plan = joint.suggest(_trial({"lora:rank": 4, "sparsity:linear": 0.5}))
+    assert [s[0] for s in plan.steps] == ["prune_transform_pass", "insert_lora_adapter_transform_pass",
+                                          "fuse_lora_weights_transform_pass", "quantize_transform_pass"]
+    assert [s[0] for s in plan.before_training()] == ["prune_transform_pass", "insert_lora_adapter_transform_pass"]
+    assert plan.train
+    again = space_from_spec(joint.to_spec())
+    assert again.to_spec() == joint.to_spec()
+    assert again.suggest(_trial({"lora:rank": 4, "sparsity:linear": 0.5})).key() == plan.key()
+    with pytest.raises(SearchError, match="unknown space kind 'bogus'"):
+        space_from_spec({"kind": "bogus"})
+    with pytest.raises(SearchError, match=r"unknown key\(s\) \['rnak'\]"):
+        space_from_spec({"kind": "lora", "rnak": [4]})
+    with pytest.raises(SearchError, match=r"sparsity choices must be in \[0, 1\)"):
+        PruningSpace([1.0])
