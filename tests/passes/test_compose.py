@@ -101,7 +101,9 @@ def test_every_ordered_pair_composes_or_refuses(base: ForgeGraph, first: str, se
             assert (out - alone).abs().max() <= 1e-5, f"{first} then {second} differs from {second} alone"
     else:  # a bounded pass after a bounded one: its own error on top of the first's stays bounded
         diff = compare_outputs(after_first, out)
-        assert diff.max_abs == 0.0 or diff.sqnr_db > 10.0, f"{second} after {first}: {diff}"
+        alone = run_alone(base, second)  # a pass whose own error is large (8-bit fixed point on tiny logits)
+        floor = 10.0 if alone is None else min(10.0, compare_outputs(logits(base), alone).sqnr_db - 3.0)
+        assert diff.max_abs == 0.0 or diff.sqnr_db > floor, f"{second} after {first}: {diff}, floor {floor:.1f} dB"
 
 
 def _train_adapters(mg: ForgeGraph) -> None:
