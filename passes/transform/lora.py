@@ -161,6 +161,11 @@ class LoraLinear(nn.Module):
             return self.base.weight + self.delta_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = getattr(self.base, "weight_mask", None)
+        if isinstance(mask, torch.Tensor):  # a pruned base (passes/prune): the update obeys its masks, so the
+            masked_input = getattr(self.base, "masked_input", None)  # fused layer computes exactly this
+            xin = masked_input(x) if callable(masked_input) else x
+            return self.base(x) + F.linear(self.lora_dropout(xin), self.delta_weight() * mask)
         # Scale the rank-wide activation (rank << out_features) rather than the output: fewer flops.
         if self.training and self.dropout_p > 0 and torch.is_grad_enabled():
             low = _DropoutDown.apply(x, self.lora_A, self.dropout_p, self.scaling / (1.0 - self.dropout_p))
