@@ -21,7 +21,7 @@ demo: $(VENV_STAMP)
 	$(PY) -m fxforge.examples.demo
 
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check .

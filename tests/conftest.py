@@ -18,6 +18,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs one worker per core: one thread each, no oversubscription
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:

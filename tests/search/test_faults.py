@@ -13,6 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from fxforge.search.runner import PLAN_ATTR
 from fxforge.search.storage import StorageSpec, open_storage
 
 SCRIPT = textwrap.dedent('''
@@ -51,8 +52,9 @@ def _wait_running(storage: optuna.storages.BaseStorage, name: str, timeout: floa
     while time.time() < end:
         try:
             study = optuna.load_study(study_name=name, storage=storage)
-            # a running trial that has sampled its parameters (killed earlier, it has nothing to retry with)
-            if any(t.state == optuna.trial.TrialState.RUNNING and t.params for t in study.get_trials(deepcopy=False)):
+            # a running trial that has sampled all its parameters (its plan is written right after sampling)
+            if any(t.state == optuna.trial.TrialState.RUNNING and PLAN_ATTR in t.user_attrs
+                   for t in study.get_trials(deepcopy=False)):
                 return
         except KeyError:
             pass
