@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from fxforge.benchmarks.bench_quant_int8 import int8_config, time_variants  # noqa: E402
-from fxforge.examples.prune_minilm import ELEMENTWISE, FFN, HEADS, torch_pruning_model  # noqa: E402
+from fxforge.benchmarks.prune_recipes import ELEMENTWISE, FFN, HEADS, torch_pruning_model  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 from fxforge.passes.prune import prune_transform_pass, shrink_transform_pass  # noqa: E402
 from fxforge.passes.quantize import (  # noqa: E402

@@ -49,6 +49,25 @@ class _Template:
     class_name: str
     frontend: str
     notes: tuple[str, ...]
+    # per fx-made container (the root and the plain nn.Modules between it and the model's modules): the order
+    # of its children, parameters and buffers, so a hit's named_parameters()/state_dict() order is a fresh one's
+    order: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = dataclasses.field(default_factory=dict)
+
+
+def _container_order(gm: nn.Module) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    return {path: (tuple(m._modules), tuple(m._parameters), tuple(m._buffers))
+            for path, m in gm.named_modules() if m is gm or type(m) is nn.Module}
+
+
+def _reorder(gm: nn.Module, order: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]) -> None:
+    for path, (modules, params, buffers) in order.items():
+        m = gm.get_submodule(path) if path else gm
+        for attr, names in (("_modules", modules), ("_parameters", params), ("_buffers", buffers)):
+            current = getattr(m, attr)
+            ordered = {k: current[k] for k in names if k in current}
+            ordered.update((k, v) for k, v in current.items() if k not in ordered)
+            current.clear()
+            current.update(ordered)
 
 
 _CACHE: OrderedDict[Hashable, _Template] = OrderedDict()
@@ -85,7 +104,9 @@ def _value_key(v: Any, memo: dict[int, Hashable]) -> Hashable:
         key = ("tensor", tuple(v.shape), v.dtype, str(v.device), v.requires_grad)
     elif callable(getattr(v, "to_json_string", None)) and hasattr(v, "to_dict"):  # HF configs
         try:
-            key = ("config", type(v), v.to_json_string(use_diff=False))
+            # private fields too: the JSON leaves out e.g. _attn_implementation_internal (eager vs SDPA graphs)
+            private = tuple((k, _value_key(x, memo)) for k, x in sorted(vars(v).items()) if k.startswith("_"))
+            key = ("config", type(v), v.to_json_string(use_diff=False), private)
         except Exception as exc:  # noqa: BLE001 - any failure means "cannot key"
             raise _Unkeyable(f"{type(v).__name__} config: {exc}") from None
     elif dataclasses.is_dataclass(v):
@@ -198,7 +219,8 @@ def store(key: Hashable, gm: fx.GraphModule, model: nn.Module, frontend: str, no
             if bound is None:
                 return False
             bindings[str(node.target)] = bound
-    _CACHE[key] = _Template(_fresh_graph(gm.graph), tuple(bindings.values()), type(gm).__name__, frontend, notes)
+    _CACHE[key] = _Template(_fresh_graph(gm.graph), tuple(bindings.values()), type(gm).__name__, frontend, notes,
+                            _container_order(gm))
     _CACHE.move_to_end(key)
     while len(_CACHE) > MAX_ENTRIES:
         _CACHE.popitem(last=False)
@@ -222,5 +244,6 @@ def lookup(key: Hashable, model: nn.Module) -> tuple[fx.GraphModule, str, tuple[
         if root[target] is None:
             return None
     gm = fx.GraphModule(root, _fresh_graph(template.graph), class_name=template.class_name)
+    _reorder(gm, template.order)
     gm.train(model.training)
     return gm, template.frontend, template.notes

@@ -1,7 +1,7 @@
 """CompressionPipeline: MASE's name and call shape, ``mg, report = pipe(mg, pass_args={...})``.
 
 The passes named in ``pass_args`` run in the standard order, whatever order the dict lists them in:
-prune → LoRA insertion → fine-tune → LoRA fusion → quantize → calibrate → lower → export. With
+prune → shrink → LoRA insertion → fine-tune → LoRA fusion → quantize → calibrate → lower → export. With
 ``qat=True`` the fine-tune runs after quantization and calibration instead (quantization-aware
 training). Every run is an ordinary :class:`Pipeline` (validated first, contracts checked, recorded).
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..graph.forge_graph import ForgeGraph
-from ..passes.base import PASS_ALIASES, PASSES
+from ..passes.base import PASS_ALIASES
 from .pipeline import Pipeline
 from .report import PipelineReport
 from .steps import PipelineError
@@ -21,6 +21,7 @@ __all__ = ["STANDARD_ORDER", "CompressionPipeline"]
 
 STANDARD_ORDER: tuple[str, ...] = (
     "prune_transform_pass",
+    "shrink_transform_pass",
     "insert_lora_adapter_transform_pass",
     "finetune",
     "fuse_lora_weights_transform_pass",
@@ -30,8 +31,7 @@ STANDARD_ORDER: tuple[str, ...] = (
     "export",
 )
 _QAT_ORDER = tuple(n for n in STANDARD_ORDER if n != "finetune")
-QAT_ORDER: tuple[str, ...] = (*_QAT_ORDER[:5], "finetune", *_QAT_ORDER[5:])  # fine-tune after calibrate
-_LANDS_LATER = {"prune_transform_pass": "pruning"}
+QAT_ORDER: tuple[str, ...] = (*_QAT_ORDER[:6], "finetune", *_QAT_ORDER[6:])  # fine-tune after calibrate
 
 
 class CompressionPipeline:
@@ -63,10 +63,6 @@ class CompressionPipeline:
         if self.qat and "finetune" in pass_args and "insert_lora_adapter_transform_pass" in pass_args:
             raise PipelineError("CompressionPipeline: qat=True fine-tunes the quantized model; LoRA adapters "
                                 "are fine-tuned before quantization (use qat=False)")
-        for name, what in _LANDS_LATER.items():
-            if name in pass_args and name not in PASSES:
-                raise PipelineError(f"CompressionPipeline: {name} is not registered ({what} passes are not "
-                                    "available in this fxforge); remove its key or import the module that registers it")
         steps = [{"pass": n, "args": pass_args[n] if pass_args[n] is not None else {},
                   **({"contract": self.contracts[n]} if n in self.contracts else {})}
                  for n in self.order if n in pass_args]

@@ -60,6 +60,25 @@ def test_changed_config_misses_even_with_equal_parameter_shapes() -> None:
     assert (_logits(gb.eval(), inputs) - _logits(b, inputs)).abs().max() <= 1e-5
 
 
+def test_a_hit_orders_parameters_and_buffers_as_a_fresh_capture() -> None:
+    ForgeGraph(_bert(seed=0), hf_input_names=NAMES[:2])
+    hit = ForgeGraph(_bert(seed=1), hf_input_names=NAMES[:2])
+    fresh = ForgeGraph(_bert(seed=1), hf_input_names=NAMES[:2], cache=False)
+    assert _hit(hit) and not _hit(fresh)
+    assert list(hit.model.state_dict()) == list(fresh.model.state_dict())
+    assert [n for n, _ in hit.model.named_modules()] == [n for n, _ in fresh.model.named_modules()]
+
+
+def test_attention_implementation_is_part_of_the_key() -> None:
+    """HF keeps it out of the config JSON (a private field): eager and SDPA attention trace different graphs."""
+    sdpa, eager = _bert(), _bert()
+    eager.config._attn_implementation = "eager"
+    ForgeGraph(sdpa, hf_input_names=NAMES)
+    ge = ForgeGraph(eager, hf_input_names=NAMES)
+    assert not _hit(ge)
+    assert not any("scaled_dot_product" in str(n.target) for n in ge.model.graph.nodes)
+
+
 def test_input_spec_settings_and_mode_are_part_of_the_key() -> None:
     a = _bert()
     ForgeGraph(a, hf_input_names=NAMES)

@@ -114,8 +114,12 @@ def test_compression_pipeline_runs_in_the_standard_order(bert: ForgeGraph) -> No
     out, report = pipe(bert, pass_args=args)
     assert [s.name for s in report.steps] == ["quantize_transform_pass", "lower_int8_transform_pass"]
     assert report[0].contract.kind == "bounded" and report[0].contract.ok and report[0].contract.sqnr_db > 5
-    with pytest.raises(PipelineError, match=r"prune_transform_pass is not registered"):
-        pipe(bert, pass_args={"prune_transform_pass": {"sparsity": 0.5}, **args})
+    pruned, report = pipe(bert, pass_args={**args, "prune_transform_pass": {"weight": {"sparsity": 0.5}}})
+    assert [s.name for s in report.steps] == ["prune_transform_pass", "quantize_transform_pass",
+                                              "lower_int8_transform_pass"]
+    assert report[0].contract.kind == "bounded" and report[0].info.sparsity == pytest.approx(0.5, abs=0.01)
+    with pytest.raises(PipelineError, match=r"unknown pass_args key\(s\) \['sparsity'\]"):
+        pipe(bert, pass_args={"prune_transform_pass": {"sparsity": 0.5}, **args})  # MASE's shape: weight/activation
     with pytest.raises(PipelineError, match=r"unknown pass_args key\(s\) \['quantise_transform_pass'\]"):
         pipe(bert, pass_args={"quantise_transform_pass": {}})
     with pytest.raises(PipelineError, match=r"step 1 \(quantize_transform_pass\): invalid args"):

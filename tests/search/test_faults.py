@@ -51,7 +51,8 @@ def _wait_running(storage: optuna.storages.BaseStorage, name: str, timeout: floa
     while time.time() < end:
         try:
             study = optuna.load_study(study_name=name, storage=storage)
-            if any(t.state == optuna.trial.TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
+            # a running trial that has sampled its parameters (killed earlier, it has nothing to retry with)
+            if any(t.state == optuna.trial.TrialState.RUNNING and t.params for t in study.get_trials(deepcopy=False)):
                 return
         except KeyError:
             pass

@@ -1,0 +1,36 @@
+"""MASE tutorial 4's pruning targets on MiniLM, and the same target through Torch-Pruning (the baseline),
+shared by examples/prune_minilm.py and benchmarks/bench_prune.py."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ELEMENTWISE", "FFN", "HEADS", "torch_pruning_model"]
+
+ELEMENTWISE = {"weight": {"sparsity": 0.5, "method": "l1", "scope": "global"}}
+FFN = {"weight": {"sparsity": 0.5, "method": "l1", "scope": "local", "granularity": "ffn"}}
+HEADS = {"weight": {"sparsity": 1 / 3, "method": "l1", "scope": "local", "granularity": "head"}}
+
+
+def torch_pruning_model(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Torch-Pruning at the same target: 50 % FFN units, 1/3 of heads, hidden size untouched (L1)."""
+    import torch_pruning as tp
+
+    layers = model.bert.encoder.layer
+    num_heads = {}
+    for layer in layers:
+        att = layer.attention.self
+        for lin in (att.query, att.key, att.value):
+            num_heads[lin] = model.config.num_attention_heads
+    ignored = [model.classifier, model.bert.pooler.dense, model.bert.embeddings]
+    ignored += [m for layer in layers for m in (layer.attention.output.dense, layer.output.dense)]
+    pruner = tp.pruner.MetaPruner(
+        model, example, importance=tp.importance.MagnitudeImportance(p=1), pruning_ratio=0.5,
+        num_heads=num_heads, prune_num_heads=True, prune_head_dims=False, head_pruning_ratio=1 / 3,
+        ignored_layers=ignored, output_transform=lambda out: out.logits.sum(), global_pruning=False)
+    pruner.step()
+    for layer in layers:
+        att = layer.attention.self
+        att.num_attention_heads = pruner.num_heads[att.query]
+        att.all_head_size = att.query.out_features
+    return model
