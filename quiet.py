@@ -14,12 +14,14 @@ from contextlib import contextmanager
 
 __all__ = ["QUIET_LOGGERS", "quiet"]
 
-QUIET_LOGGERS = ("transformers", "torchao", "torch.utils._pytree", "huggingface_hub", "datasets", "accelerate")
+QUIET_LOGGERS = ("transformers", "torchao", "torch.utils._pytree", "huggingface_hub", "datasets", "accelerate",
+                 "optuna")
 _HARMLESS_WARNINGS = (
     r".*isinstance\(treespec, LeafSpec\).*",  # torch deprecation raised while deep-copying pytree specs
     r".*register_constant\(\) on Enum subclasses.*",
     r".*TRANSFORMERS_CACHE.*",
     r".*`resume_download` is deprecated.*",
+    r"BruteForceSampler is experimental.*",  # optuna's grid sampler, stable in practice since optuna 3.1
 )
 
 

@@ -151,48 +151,6 @@ def run_variant(mode: str, cfg: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def demo(workdir: Path, train: int = 800, test: int = 200, max_length: int = 128, lr: float = 2e-3) -> bool:
-    """``make demo``'s LoRA steps: capture MiniLM, add adapters, fine-tune on an IMDb slice, fuse, export, reload.
-
-    True when fusion and the checkpoint round trip preserve the outputs and the fine-tune beat the untrained head.
-    """
-    ds, tok = get_tokenized_dataset("imdb", checkpoint=MINILM_NAME, return_tokenizer=True, max_length=max_length,
-                                    limit=train, test_limit=test)
-    mg = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0), hf_input_names=HF_NAMES).eval()
-    acc_before = evaluate_accuracy(mg, ds["test"], tok)
-    _, info = passes.insert_lora_adapter_transform_pass(mg, LORA_ARGS)
-    print(f"[LoRA 1/4] rank-{LORA_ARGS['rank']} adapters on {len(info.adapted)} Linear layers + trainable head: "
-          f"{info.trainable:,} of {info.total:,} parameters trainable ({info.trainable_percent:.2f}%)")
-    trainer = get_trainer(mg.model, ds, tok, output_dir=str(workdir / "trainer"), learning_rate=lr,
-                          per_device_train_batch_size=16, seed=0,
-                          training_args={"warmup_steps": 0.1, "eval_strategy": "no", "disable_tqdm": True,
-                                         "logging_steps": 10_000})
-    t0 = time.perf_counter()
-    trainer.train()
-    mg.eval()
-    acc = evaluate_accuracy(mg, ds["test"], tok)
-    print(f"[LoRA 2/4] fine-tuned on {len(ds['train'])} IMDb reviews in {time.perf_counter() - t0:.0f}s: held-out "
-          f"accuracy {acc_before:.3f} -> {acc:.3f} ({len(ds['test'])} reviews)")
-    probe = {k: v for k, v in tok.pad([ds["test"][i] for i in range(8)], return_tensors="pt").items()
-             if k in ("input_ids", "attention_mask", "labels")}
-    with torch.no_grad():
-        unfused = mg(**probe).logits
-        passes.fuse_lora_weights_transform_pass(mg)
-        fused = mg(**probe).logits
-    acc_fused = evaluate_accuracy(mg, ds["test"], tok)
-    diff_fuse = (fused - unfused).abs().max().item()
-    print(f"[LoRA 3/4] fused into plain Linear layers: max |fused - unfused| = {diff_fuse:.2e}; "
-          f"accuracy {acc_fused:.3f}")
-    path = mg.export(workdir / "minilm-lora-fused.fxforge.v1")
-    reloaded = ForgeGraph.from_checkpoint(path).eval()
-    with torch.no_grad():
-        diff_reload = (reloaded(**probe).logits - fused).abs().max().item()
-    acc_reloaded = evaluate_accuracy(reloaded, ds["test"], tok)
-    print(f"[LoRA 4/4] exported and reloaded: max |reloaded - fused| = {diff_reload:.2e}; "
-          f"accuracy {acc_reloaded:.3f}")
-    return diff_fuse <= 1e-4 and diff_reload <= 1e-6 and acc_reloaded == acc_fused and acc > acc_before
-
-
 def report(full: dict[str, Any], lora: dict[str, Any], cfg: dict[str, Any]) -> bool:
     """Print the comparison table and the target ratios; True when every target is met."""
     print(f"\nMiniLM-L6 on IMDb: {cfg['train']} train / {cfg['test']} test reviews, max_length {cfg['max_length']}, "

@@ -137,7 +137,7 @@ class TextClassificationTask(Task):
     def train(self, graph: ForgeGraph, trial: optuna.Trial | None) -> None:
         import tempfile
 
-        from transformers import TrainerCallback
+        from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
         from ..data import get_trainer
 
@@ -154,6 +154,12 @@ class TextClassificationTask(Task):
                     raise optuna.TrialPruned(f"pruned at step {state.global_step} "
                                              f"(accuracy {metrics['eval_accuracy']:.3f})")
 
+        class _Bar(ProgressCallback):  # type: ignore[misc]
+            """The Trainer's progress bar without its metric dicts (the trial's result says what counts)."""
+
+            def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+                return None
+
         overrides = dict(task.train_args)
         training_args = dict(overrides.pop("training_args", {}))
         training_args.setdefault("disable_tqdm", not self.progress)  # a bar per trial's training
@@ -164,6 +170,10 @@ class TextClassificationTask(Task):
             trainer = get_trainer(graph, self.data, self.tokenizer, output_dir=out, training_args=training_args,
                                   **overrides)
             trainer.add_callback(_Report())
+            for noisy in (PrinterCallback, ProgressCallback):  # both print every metrics dict they are given
+                trainer.remove_callback(noisy)
+            if self.progress:
+                trainer.add_callback(_Bar())
             trainer.train()
         graph.model.eval()
 
