@@ -117,3 +117,14 @@ def test_layering() -> None:
 def test_cycle_detector_finds_a_cycle() -> None:
     assert _cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
     assert _cycle({"a": {"a.x"}, "a.x": {"a"}}) is None  # package <-> its submodule: Python handles it
+
+
+def test_importing_fxforge_does_not_import_triton() -> None:
+    """TRITON_INTERPRET must be settable after `import fxforge` (benchmarks run as `python -m fxforge...`):
+    triton is imported only where a kernel runs."""
+    import subprocess
+    import sys
+
+    code = "import sys, fxforge, fxforge.passes, fxforge.kernels; print('triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

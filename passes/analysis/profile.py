@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch.utils.flop_counter import FlopCounterMode
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.inputs import ExampleInputs
@@ -93,7 +92,7 @@ class _Timer(fx.Interpreter):
 
 
 class _Flops(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, mode: FlopCounterMode) -> None:
+    def __init__(self, gm: fx.GraphModule, mode: Any) -> None:  # a FlopCounterMode
         super().__init__(gm)
         self.mode, self.flops = mode, {}
 
@@ -138,6 +137,10 @@ def profile_analysis_pass(graph: ForgeGraph, args: ProfileArgs) -> tuple[ForgeGr
                 forward.append((time.perf_counter() - start) * 1e3)
             for _ in range(args.runs):
                 timer.run(*flat)
+            # imported here: torch.utils.flop_counter imports triton (~0.5 s), which must not happen at
+            # `import fxforge` (TRITON_INTERPRET has to be set before triton is first imported)
+            from torch.utils.flop_counter import FlopCounterMode
+
             with FlopCounterMode(display=False) as mode:
                 counter = _Flops(gm, mode)
                 counter.run(*flat)
