@@ -36,7 +36,7 @@ def test_conv1d_is_a_linear_call_module_sharing_hf_storage(gpt2: tuple[nn.Module
 
 
 def test_lora_merge_matches_peft_fan_in_fan_out(gpt2: tuple[nn.Module, ForgeGraph]) -> None:
-    peft = pytest.importorskip("peft")
+    import peft  # a requirement (requirements.txt): never skipped
     model, base = gpt2
     mg, info = passes.insert_lora_adapter_transform_pass(base.copy(), {"rank": 2, "alpha": 4.0,
                                                                        "targets": {"name": ["c_attn", "c_fc"]}})
