@@ -5,6 +5,9 @@ VENV_STAMP := .venv/.installed
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# The repository root is the package itself: keep it off sys.path (python -P), so its folders are never
+# importable as top-level modules (transformers probes `kernels`), in tests and their subprocesses alike.
+export PYTHONSAFEPATH ?= 1
 
 .PHONY: demo test lint venv clean-venv
 

@@ -13,17 +13,18 @@ it never imports triton -- the Triton modules load on the first call that runs t
 | ``afno_mlp(x, w1, b1, w2, b2, mask, lambd)`` | AFNO's spectral block MLP + softshrink on (real, imag) pairs |
 """
 
-if __name__ != "fxforge.kernels":  # pragma: no cover - depends on how Python was started
-    # Run from the repository root, this folder is also importable as a top-level ``kernels`` (which
-    # transformers probes for the HF ``kernels`` package): a second copy would register the ops twice.
-    raise ImportError(f"fxforge's kernels package must be imported as fxforge.kernels, not {__name__!r}")
+if __name__ == "fxforge.kernels":
+    from .activation import bias_gelu, bias_relu
+    from .afno import afno_mlp
+    from .dispatch import kernel_backend, triton_available, use_triton
+    from .layernorm import add_layer_norm, layer_norm
+    from .row_softmax import scaled_masked_softmax, softmax, softmax_backward
 
+    __all__ = ["add_layer_norm", "afno_mlp", "bias_gelu", "bias_relu", "kernel_backend", "layer_norm",
+               "scaled_masked_softmax", "softmax", "softmax_backward", "triton_available", "use_triton"]
+else:  # pragma: no cover - depends on how Python was started
+    # Run from the repository root, this folder is also importable as a top-level ``kernels``, a name
+    # transformers probes for (the HF kernels package): that copy stays empty instead of registering
+    # the custom ops a second time (which corrupted the dispatcher and crashed the Triton interpreter).
+    __all__: list[str] = []
 
-from .activation import bias_gelu, bias_relu
-from .afno import afno_mlp
-from .dispatch import kernel_backend, triton_available, use_triton
-from .layernorm import add_layer_norm, layer_norm
-from .row_softmax import scaled_masked_softmax, softmax, softmax_backward
-
-__all__ = ["add_layer_norm", "afno_mlp", "bias_gelu", "bias_relu", "kernel_backend", "layer_norm",
-           "scaled_masked_softmax", "softmax", "softmax_backward", "triton_available", "use_triton"]
