@@ -166,11 +166,7 @@ class SearchResult:
             ax.set_xlabel("trial")
             ax.set_ylabel(name)
             ax.set_title(f"{name} per trial")
-            fig.tight_layout()
-            path = out / f"history_{name}.png"
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-            written.append(path)
+            written.append(_save(plt, fig, out / f"history_{name}.png"))
         if len(self.objectives) > 1:
             a, b = self.objectives[0], self.objectives[1]
             front = {r["trial"] for r in self.rows()}
@@ -180,11 +176,7 @@ class SearchResult:
             ax.set_xlabel(b)
             ax.set_ylabel(a)
             ax.set_title(f"{a} vs {b} (orange: Pareto front)")
-            fig.tight_layout()
-            path = out / f"pareto_{a}_vs_{b}.png"
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-            written.append(path)
+            written.append(_save(plt, fig, out / f"pareto_{a}_vs_{b}.png"))
         return written
 
     def rebuild(self, trial: optuna.trial.FrozenTrial) -> ForgeGraph:
@@ -223,3 +215,11 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if math.isfinite(v) else str(v)
     return str(v)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Write one matplotlib figure as a PNG and release it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
