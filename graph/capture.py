@@ -27,7 +27,7 @@ from .guards import guard_spec, insert_guard
 from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
 from .normalize import normalize
-from .sdpa_dropout import SdpaDropoutRecorder, restore_sdpa_dropout
+from .sdpa_dropout import SdpaDropoutTracing
 
 Frontend = Literal["auto", "fx", "export"]
 FRONTENDS: tuple[str, ...] = ("auto", "fx", "export")
@@ -155,19 +155,10 @@ def _trace_export(model: nn.Module, example: ExampleInputs,
     shapes = _dynamic_shapes(example) if dynamic else None
     if isinstance(shapes, tuple) and example.kwargs:
         shapes = None  # mixed args/kwargs: let export infer static shapes
-    recorder = SdpaDropoutRecorder()  # SDPA dropout traced as 0 (fast), put back below (graph/sdpa_dropout)
-    with recorder:
+    with SdpaDropoutTracing():  # SDPA dropout traced by a cheap stand-in op (graph/sdpa_dropout)
         ep = torch.export.export(model, example.args, example.kwargs or None, dynamic_shapes=shapes, strict=False)
     gm = ep.module()
-    notes: list[str] = []
-    if recorder.changed and not restore_sdpa_dropout(gm, recorder.calls):
-        notes.append("attention dropout could not be traced the fast way (SDPA calls and graph nodes did not pair "
-                     "up): exported again with SDPA's dropout traced as is")
-        ep = torch.export.export(model, example.args, example.kwargs or None, dynamic_shapes=shapes, strict=False)
-        gm = ep.module()
-    names, checks, guard_notes = guard_spec(gm, ep.range_constraints, getattr(ep, "_guards_code", []),
-                                            shapes is not None)
-    return gm, (names, checks, [*guard_notes, *notes])
+    return gm, guard_spec(gm, ep.range_constraints, getattr(ep, "_guards_code", []), shapes is not None)
 
 
 def capture(

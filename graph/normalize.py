@@ -7,8 +7,8 @@
   ``forward`` (OPT's positional embedding adds an offset in its own forward), and no forward hooks
   are registered. Otherwise the ATen node stays and the capture notes say why.
 * Dropout (ATen or functional) becomes an ``nn.Dropout`` call_module and SDPA with a baked dropout
-  probability becomes :class:`ScaledDotProductAttention`: captured in train mode, they would otherwise
-  stay on in eval mode.
+  probability (or its capture-time stand-in ``torch.ops.fxforge.sdpa_dropout``, graph/sdpa_dropout) becomes
+  :class:`ScaledDotProductAttention`: captured in train mode, they would otherwise stay on in eval mode.
 * torch.export's ``_guards_fn`` (generated Python) and ``_assert_tensor_metadata`` are dropped; capture
   puts the shape guards back as data (graph/guards). The pytree codegen (HF output structure) is kept.
 """
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from .modules import ScaledDotProductAttention
 from .normalize_hf import conv1d_linear, inline_regions
+from .sdpa_dropout import bind_sdpa
 
 aten = torch.ops.aten
 
@@ -61,7 +62,8 @@ _LIFTS: dict[Any, _LiftSpec] = {
 _BATCH_NORM = aten.batch_norm.default
 _ADDMM = aten.addmm.default
 _DROPOUTS = {aten.dropout.default, F.dropout, torch.dropout}
-_SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention}
+_SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention,
+         torch.ops.fxforge.sdpa_dropout.default}
 _DROPPED = {aten._assert_tensor_metadata.default}
 # Parameter-free single-input modules: fx keeps them as call_module, export inlines them.
 _ACTIVATIONS: tuple[type[nn.Module], ...] = (
@@ -270,9 +272,7 @@ def _lift_dropout(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> None:
 
 
 def _lift_sdpa(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-    bound = dict(zip(names, node.args))
-    bound.update(node.kwargs)
+    bound = bind_sdpa(node.args, node.kwargs)
     p = float(bound.get("dropout_p", 0.0) or 0.0)
     if p == 0.0:
         return False

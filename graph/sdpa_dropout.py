@@ -1,119 +1,81 @@
-"""Export SDPA's attention dropout without its slow fake-tensor path, then put the probabilities back.
+"""Export SDPA's attention dropout without its slow fake-tensor path: ``torch.ops.fxforge.sdpa_dropout``.
 
 Capture traces in train mode so dropout stays switchable. HF attention then calls
 ``F.scaled_dot_product_attention(..., dropout_p=p)`` and, with ``p > 0``, torch.export's fake tracing of SDPA
 runs the math fallback (matmul, softmax, dropout) op by op under symbolic shapes: on MiniLM at dynamic shapes
-that made the export about 60% slower than in eval mode. While exporting, :class:`SdpaDropoutRecorder` (a
-thread-local TorchFunctionMode) records each SDPA call's ``dropout_p`` and traces the call with 0;
-:func:`restore_sdpa_dropout` then writes the recorded probabilities back onto the graph's SDPA nodes in
-program order, where normalisation makes them switchable ``ScaledDotProductAttention`` modules, exactly the
-graph the slow export gives. When calls and nodes do not pair up one to one, the caller exports the slow way.
+the export took ~60% longer than in eval mode. While exporting, :class:`SdpaDropoutTracing` (a thread-local
+TorchFunctionMode) sends every such call to the opaque op below instead, whose shape rule costs nothing and
+gives the layout the math path gives (a contiguous ``[..., L, Ev]``, so the model's later ``contiguous``/
+``view`` calls trace as in a plain train-mode export). Normalisation turns each op node into a switchable
+``ScaledDotProductAttention`` module, exactly as it does for an SDPA node with a baked dropout probability.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.fx as fx
 import torch.nn.functional as F
+from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-_SDPA_NODE = torch.ops.aten.scaled_dot_product_attention.default
-_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_DROPOUT_INDEX = _NAMES.index("dropout_p")
+SDPA_ARG_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-@dataclass(frozen=True)
-class SdpaCall:
-    """One SDPA call seen while exporting: the dropout probability traced as 0 (None: traced as given)."""
+@torch.library.custom_op("fxforge::sdpa_dropout", mutates_args=())
+def sdpa_dropout(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                 is_causal: bool, scale: float | None, enable_gqa: bool) -> Tensor:
+    """SDPA with its dropout always on: a capture-time stand-in, replaced by a module during normalisation."""
+    return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                          enable_gqa=enable_gqa)
 
-    dropout_p: float | None
-    is_causal: bool
+
+@sdpa_dropout.register_fake
+def _sdpa_dropout_fake(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                       is_causal: bool, scale: float | None, enable_gqa: bool) -> Tensor:
+    """The math path's shape rule without its ops: the same size checks (so export proves the same equalities,
+    e.g. mask length == key length) and its layout, a contiguous ``[*batch, L, Ev]``."""
+    torch._check(query.shape[-1] == key.shape[-1], lambda: "SDPA: query and key feature sizes differ")
+    torch._check(key.shape[-2] == value.shape[-2], lambda: "SDPA: key and value lengths differ")
+    key_batch, value_batch = list(key.shape[:-2]), list(value.shape[:-2])
+    if enable_gqa and query.dim() >= 3:  # key/value heads are repeated to the query's
+        key_batch[-1] = value_batch[-1] = query.shape[-3]
+    batch = torch.broadcast_shapes(tuple(query.shape[:-2]), tuple(key_batch), tuple(value_batch))
+    if attn_mask is not None:
+        torch.broadcast_shapes(tuple(attn_mask.shape), (*batch, query.shape[-2], key.shape[-2]))
+    return query.new_empty((*batch, query.shape[-2], value.shape[-1]))
 
 
-def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    bound = dict(zip(_NAMES, args))
+def bind_sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """SDPA's arguments by name, from a call's (or a node's) args and kwargs."""
+    bound = dict(zip(SDPA_ARG_NAMES, args))
     bound.update(kwargs)
     return bound
 
 
-class SdpaDropoutRecorder(TorchFunctionMode):
-    """Records every ``F.scaled_dot_product_attention`` call and traces those with a constant ``dropout_p > 0``
-    with ``dropout_p=0`` (the fused op's cheap shape rule); see the module docstring."""
+class SdpaDropoutTracing(TorchFunctionMode):
+    """Sends ``F.scaled_dot_product_attention`` calls with a constant ``dropout_p > 0`` to
+    ``torch.ops.fxforge.sdpa_dropout`` (see the module docstring); counts them in ``redirected``.
+
+    Calls under an enabled autocast stay as they are: export keeps them in a region that normalisation
+    does not inline, so the op could not be replaced there."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls: list[SdpaCall] = []
+        self.redirected = 0
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        bound = _bind(args, kwargs)
-        p = bound.get("dropout_p", 0.0)
-        causal = bound.get("is_causal", False)
-        if type(p) not in (float, int) or p == 0 or not isinstance(causal, bool):
-            self.calls.append(SdpaCall(None, bool(causal) if isinstance(causal, bool) else False))
+        bound = bind_sdpa(args, kwargs)
+        p, causal = bound.get("dropout_p", 0.0), bound.get("is_causal", False)
+        scale, gqa, mask = bound.get("scale"), bound.get("enable_gqa", False), bound.get("attn_mask")
+        plain = type(p) in (float, int) and type(causal) is bool and type(gqa) is bool and \
+            (scale is None or type(scale) in (float, int)) and (mask is None or isinstance(mask, Tensor))
+        if not plain or p == 0 or torch.is_autocast_enabled(bound["query"].device.type):
             return func(*args, **kwargs)
-        self.calls.append(SdpaCall(float(p), causal))
-        return func(**{**bound, "dropout_p": 0.0})
-
-    @property
-    def changed(self) -> bool:
-        """True when some call was traced with another dropout than the model asked for."""
-        return any(c.dropout_p is not None for c in self.calls)
-
-
-def _sdpa_nodes(gm: fx.GraphModule) -> list[fx.Node]:
-    """SDPA nodes of ``gm`` in program order, including those of higher-order-op subgraphs (a no_grad region)
-    at the point where the region runs."""
-    found: list[fx.Node] = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if node.target is _SDPA_NODE:
-            found.append(node)
-            continue
-        for arg in node.args:
-            sub = _subgraph(gm, arg)
-            if sub is not None:
-                found.extend(_sdpa_nodes(sub))
-    return found
-
-
-def _subgraph(gm: fx.GraphModule, arg: Any) -> fx.GraphModule | None:
-    if not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
-        return None
-    try:
-        sub = gm.get_submodule(str(arg.target))
-    except AttributeError:
-        return None
-    return sub if isinstance(sub, fx.GraphModule) else None
-
-
-def restore_sdpa_dropout(gm: fx.GraphModule, calls: list[SdpaCall]) -> bool:
-    """Write each recorded call's dropout probability onto its SDPA node; False (``gm`` unchanged) when the
-    graph's SDPA nodes and the recorded calls do not pair up one to one in program order."""
-    nodes = _sdpa_nodes(gm)
-    if len(nodes) != len(calls) or len(set(nodes)) != len(nodes):  # a subgraph run twice: no one-to-one pairing
-        return False
-    for node, call in zip(nodes, calls):
-        bound = _bind(node.args, node.kwargs)
-        if bool(bound.get("is_causal", False)) != call.is_causal:
-            return False
-        if call.dropout_p is not None and float(bound.get("dropout_p", 0.0)) != 0.0:
-            return False
-    for node, call in zip(nodes, calls):
-        if call.dropout_p is None:
-            continue
-        if len(node.args) > _DROPOUT_INDEX:
-            node.args = (*node.args[:_DROPOUT_INDEX], call.dropout_p, *node.args[_DROPOUT_INDEX + 1:])
-        else:
-            node.kwargs = {**node.kwargs, "dropout_p": call.dropout_p}
-    for module in {id(n.graph.owning_module): n.graph.owning_module for n in nodes}.values():
-        if isinstance(module, fx.GraphModule):
-            module.recompile()
-    return True
+        self.redirected += 1
+        return torch.ops.fxforge.sdpa_dropout(bound["query"], bound["key"], bound["value"], mask, float(p), causal,
+                                              None if scale is None else float(scale), gqa)
