@@ -23,11 +23,11 @@ import torch.nn as nn
 
 from . import capture_cache
 from .capture_cache import architecture_key
+from .dropout_tracing import DropoutTracing
 from .guards import guard_spec, insert_guard
 from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
 from .normalize import normalize
-from .sdpa_dropout import SdpaDropoutTracing
 
 Frontend = Literal["auto", "fx", "export"]
 FRONTENDS: tuple[str, ...] = ("auto", "fx", "export")
@@ -155,7 +155,7 @@ def _trace_export(model: nn.Module, example: ExampleInputs,
     shapes = _dynamic_shapes(example) if dynamic else None
     if isinstance(shapes, tuple) and example.kwargs:
         shapes = None  # mixed args/kwargs: let export infer static shapes
-    with SdpaDropoutTracing():  # SDPA dropout traced by a cheap stand-in op (graph/sdpa_dropout)
+    with DropoutTracing():  # dropout traced by cheap stand-in ops (graph/dropout_tracing)
         ep = torch.export.export(model, example.args, example.kwargs or None, dynamic_shapes=shapes, strict=False)
     gm = ep.module()
     return gm, guard_spec(gm, ep.range_constraints, getattr(ep, "_guards_code", []), shapes is not None)

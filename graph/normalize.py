@@ -6,9 +6,10 @@
   module computes exactly that op: its class is the layer class or a subclass that does not override
   ``forward`` (OPT's positional embedding adds an offset in its own forward), and no forward hooks
   are registered. Otherwise the ATen node stays and the capture notes say why.
-* Dropout (ATen or functional) becomes an ``nn.Dropout`` call_module and SDPA with a baked dropout
-  probability (or its capture-time stand-in ``torch.ops.fxforge.sdpa_dropout``, graph/sdpa_dropout) becomes
-  :class:`ScaledDotProductAttention`: captured in train mode, they would otherwise stay on in eval mode.
+* Dropout (ATen, in place when nothing else reads its input, or functional; not one called with
+  training=False) becomes an ``nn.Dropout`` call_module and SDPA with a baked dropout
+  probability becomes :class:`ScaledDotProductAttention` (as do their capture-time stand-ins,
+  graph/dropout_tracing): captured in train mode, they would otherwise stay on in eval mode.
 * torch.export's ``_guards_fn`` (generated Python) and ``_assert_tensor_metadata`` are dropped; capture
   puts the shape guards back as data (graph/guards). The pytree codegen (HF output structure) is kept.
 """
@@ -24,9 +25,9 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .dropout_tracing import DROPOUT_OPS, SDPA_OPS, bind_sdpa
 from .modules import ScaledDotProductAttention
 from .normalize_hf import conv1d_linear, inline_regions
-from .sdpa_dropout import bind_sdpa
 
 aten = torch.ops.aten
 
@@ -61,9 +62,8 @@ _LIFTS: dict[Any, _LiftSpec] = {
 }
 _BATCH_NORM = aten.batch_norm.default
 _ADDMM = aten.addmm.default
-_DROPOUTS = {aten.dropout.default, F.dropout, torch.dropout}
-_SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention,
-         torch.ops.fxforge.sdpa_dropout.default}
+_DROPOUTS = {aten.dropout.default, aten.dropout_.default, F.dropout, torch.dropout, *DROPOUT_OPS}
+_SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention, *SDPA_OPS}
 _DROPPED = {aten._assert_tensor_metadata.default}
 # Parameter-free single-input modules: fx keeps them as call_module, export inlines them.
 _ACTIVATIONS: tuple[type[nn.Module], ...] = (
@@ -258,7 +258,18 @@ def _dropout_p(node: fx.Node) -> float:
     return float(node.args[1]) if len(node.args) > 1 else float(node.kwargs.get("p", 0.5))
 
 
+def _dropout_on(node: fx.Node) -> bool:
+    """False for a dropout the model calls with training=False (never active: it stays an op)."""
+    if len(node.args) > 2:
+        return node.args[2] is not False
+    return node.kwargs.get("training", node.kwargs.get("train", True)) is not False
+
+
 def _lift_dropout(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> None:
+    if not _dropout_on(node):
+        return
+    if node.target is aten.dropout_.default and len(node.args[0].users) != 1:  # type: ignore[union-attr]
+        return  # in place on a value read elsewhere too: an out-of-place module would change what they read
     p = _dropout_p(node)
     owner = _owner_module(model, node, nn.Dropout)
     if owner is not None and owner[1].p == p and _not_exact(owner[1], nn.Dropout) is None:

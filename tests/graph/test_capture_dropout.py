@@ -1,5 +1,5 @@
 """Dropout survives the fast capture: SDPA's attention dropout is traced by a cheap stand-in op and lifted into a
-switchable module (graph/sdpa_dropout), the graph equals the one a plain train-mode export gives, dropout is
+switchable module (graph/dropout_tracing), the graph equals the one a plain train-mode export gives, dropout is
 active in train mode at two shapes and off in eval (equal to eager), and LoRA fine-tuning with dropout trains."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fxforge import ForgeGraph, passes
 from fxforge.graph import capture as capture_module
+from fxforge.graph.dropout_tracing import DropoutTracing, bind_sdpa
 from fxforge.graph.modules import ScaledDotProductAttention
-from fxforge.graph.sdpa_dropout import SdpaDropoutTracing, bind_sdpa
 
 NAMES = ["input_ids", "attention_mask", "labels"]
 SHAPES = [(3, 11), (1, 7)]
@@ -87,12 +87,17 @@ def test_hidden_dropout_modules_follow_train_and_eval() -> None:
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_same_graph_as_tracing_sdpa_with_its_dropout(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stand-in op's layout matches SDPA's math path: later contiguous/view calls trace the same way."""
-    fast = ForgeGraph(_model(family), hf_input_names=NAMES, cache=False)
-    monkeypatch.setattr(capture_module, "SdpaDropoutTracing", contextlib.nullcontext)
-    slow = ForgeGraph(_model(family), hf_input_names=NAMES, cache=False)
+    """The stand-in ops' layouts match the real train-mode calls: later contiguous/view calls trace the same way."""
+    def build() -> nn.Module:  # attention and hidden dropout on
+        return _bert(hidden_p=0.1) if family == "bert" else tiny_hf("gpt2", attn_pdrop=ATTN_P)
+
+    fast = ForgeGraph(build(), hf_input_names=NAMES, cache=False)
+    monkeypatch.setattr(capture_module, "DropoutTracing", contextlib.nullcontext)
+    slow = ForgeGraph(build(), hf_input_names=NAMES, cache=False)
     assert slow.model.code == fast.model.code
     assert _sdpa_ps(slow) == _sdpa_ps(fast) == [ATTN_P, ATTN_P]
+    drops = [(n, m.p) for n, m in fast.model.named_modules() if isinstance(m, nn.Dropout)]
+    assert len(drops) >= 5 and drops == [(n, m.p) for n, m in slow.model.named_modules() if isinstance(m, nn.Dropout)]
 
 
 class _TwoAttentions(nn.Module):
@@ -102,7 +107,7 @@ class _TwoAttentions(nn.Module):
 
 
 def test_tracing_redirects_only_constant_dropout_calls() -> None:
-    tracing = SdpaDropoutTracing()
+    tracing = DropoutTracing()
     with tracing:
         gm = torch.export.export(_TwoAttentions(), (torch.randn(2, 2, 5, 4),), strict=False).module()
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in SDPA_OPS]
@@ -110,9 +115,43 @@ def test_tracing_redirects_only_constant_dropout_calls() -> None:
                                          torch.ops.aten.scaled_dot_product_attention.default]
     assert bind_sdpa(calls[0].args, calls[0].kwargs)["dropout_p"] == 0.25 and tracing.redirected == 1
     q = torch.randn(2, 2, 5, 4)
-    with SdpaDropoutTracing() as t, torch.autocast("cpu", dtype=torch.bfloat16):
+    with DropoutTracing() as t, torch.autocast("cpu", dtype=torch.bfloat16):
         F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     assert t.redirected == 0  # kept in an autocast region normalisation does not inline
+
+
+class _Dropouts(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.dropout(x.transpose(0, 1), 0.4, self.training)  # redirected in training
+        y = F.dropout(y, 0.2, False)  # never active: stays as it is
+        return F.dropout(y.contiguous(), 0.1, self.training, inplace=True)  # in place: stays
+
+
+def test_tracing_redirects_training_dropout_only() -> None:
+    tracing = DropoutTracing()
+    with tracing:
+        gm = torch.export.export(_Dropouts().train(), (torch.randn(3, 5),), strict=False).module()
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function" and "dropout" in str(n.target)]
+    assert ops[0] == torch.ops.fxforge.dropout.default and torch.ops.fxforge.dropout.default not in ops[1:]
+    assert tracing.redirected == 1
+    x = torch.randn(4, 6).t()
+    with FakeTensorMode() as mode:
+        fake = torch.ops.fxforge.dropout(mode.from_tensor(x), 0.3)
+    assert fake.stride() == F.dropout(x, 0.3, True).stride() == x.stride()
+
+
+@pytest.mark.parametrize("frontend", ["export", "fx"])
+def test_only_dropout_the_model_can_switch_on_becomes_a_module(frontend: str) -> None:
+    """Training dropout (functional and in place) switches with the graph; training=False dropout stays off."""
+    model = _Dropouts().eval()
+    mg = ForgeGraph(model, example_inputs=(torch.randn(3, 5),), frontend=frontend, cache=False)
+    assert sorted(m.p for m in mg.model.modules() if isinstance(m, nn.Dropout)) == [0.1, 0.4]
+    for shape in ((4, 6), (2, 9)):
+        x = torch.randn(shape)
+        mg.train()
+        assert (mg(x) - mg(x)).abs().max() > 1e-4
+        mg.eval()
+        assert torch.equal(mg(x), model(x))
 
 
 @pytest.mark.parametrize("shapes", [((2, 4, 5, 8), (2, 4, 7, 8), (2, 4, 7, 6)), ((3, 5, 8), (3, 5, 8), (3, 5, 8)),

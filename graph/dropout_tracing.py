@@ -1,13 +1,15 @@
-"""Export SDPA's attention dropout without its slow fake-tensor path: ``torch.ops.fxforge.sdpa_dropout``.
+"""Export train-mode dropout without its slow fake-tensor paths: stand-in ops ``torch.ops.fxforge.sdpa_dropout``
+and ``torch.ops.fxforge.dropout``.
 
 Capture traces in train mode so dropout stays switchable. HF attention then calls
 ``F.scaled_dot_product_attention(..., dropout_p=p)`` and, with ``p > 0``, torch.export's fake tracing of SDPA
 runs the math fallback (matmul, softmax, dropout) op by op under symbolic shapes: on MiniLM at dynamic shapes
-the export took ~60% longer than in eval mode. While exporting, :class:`SdpaDropoutTracing` (a thread-local
-TorchFunctionMode) sends every such call to the opaque op below instead, whose shape rule costs nothing and
-gives the layout the math path gives (a contiguous ``[..., L, Ev]``, so the model's later ``contiguous``/
-``view`` calls trace as in a plain train-mode export). Normalisation turns each op node into a switchable
-``ScaledDotProductAttention`` module, exactly as it does for an SDPA node with a baked dropout probability.
+the export took ~60% longer than in eval mode; each ``F.dropout`` decomposes into a Bernoulli mask too. While
+exporting, :class:`DropoutTracing` (a thread-local TorchFunctionMode) sends such calls to opaque ops whose
+shape rules cost nothing and give the layouts the real train-mode calls give (SDPA's math path: a contiguous
+``[*batch, L, Ev]``; dropout: like its input), so the model's later ``contiguous``/``view`` calls trace as in a
+plain train-mode export. Normalisation turns the op nodes into switchable ``ScaledDotProductAttention`` and
+``nn.Dropout`` modules, exactly as it does for SDPA and dropout nodes with a baked probability.
 """
 
 from __future__ import annotations
@@ -46,6 +48,21 @@ def _sdpa_dropout_fake(query: Tensor, key: Tensor, value: Tensor, attn_mask: Ten
     return query.new_empty((*batch, query.shape[-2], value.shape[-1]))
 
 
+@torch.library.custom_op("fxforge::dropout", mutates_args=())
+def dropout(input: Tensor, p: float) -> Tensor:
+    """Dropout always on: a capture-time stand-in, replaced by an ``nn.Dropout`` during normalisation."""
+    return F.dropout(input, p, training=True)
+
+
+@dropout.register_fake
+def _dropout_fake(input: Tensor, p: float) -> Tensor:
+    return torch.empty_like(input)
+
+
+DROPOUT_OPS = (torch.ops.fxforge.dropout.default,)
+SDPA_OPS = (torch.ops.fxforge.sdpa_dropout.default,)
+
+
 def bind_sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """SDPA's arguments by name, from a call's (or a node's) args and kwargs."""
     bound = dict(zip(SDPA_ARG_NAMES, args))
@@ -53,11 +70,12 @@ def bind_sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     return bound
 
 
-class SdpaDropoutTracing(TorchFunctionMode):
-    """Sends ``F.scaled_dot_product_attention`` calls with a constant ``dropout_p > 0`` to
-    ``torch.ops.fxforge.sdpa_dropout`` (see the module docstring); counts them in ``redirected``.
+class DropoutTracing(TorchFunctionMode):
+    """Sends ``F.scaled_dot_product_attention`` calls with a constant ``dropout_p > 0`` and ``F.dropout`` calls
+    in training with a constant ``p > 0`` to the stand-in ops (see the module docstring); counts them in
+    ``redirected``. In-place dropout stays as it is (the stand-in returns a new tensor).
 
-    Calls under an enabled autocast stay as they are: export keeps them in a region that normalisation
+    SDPA calls under an enabled autocast stay as they are: export keeps them in a region that normalisation
     does not inline, so the op could not be replaced there."""
 
     def __init__(self) -> None:
@@ -67,6 +85,8 @@ class SdpaDropoutTracing(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is F.dropout:
+            return self._dropout(func, args, kwargs)
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
         bound = bind_sdpa(args, kwargs)
@@ -79,3 +99,13 @@ class SdpaDropoutTracing(TorchFunctionMode):
         self.redirected += 1
         return torch.ops.fxforge.sdpa_dropout(bound["query"], bound["key"], bound["value"], mask, float(p), causal,
                                               None if scale is None else float(scale), gqa)
+
+    def _dropout(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        bound = dict(zip(("input", "p", "training", "inplace"), args))
+        bound.update(kwargs)
+        p, x = bound.get("p", 0.5), bound.get("input")
+        if bound.get("training", True) is not True or bound.get("inplace", False) is not False or \
+                type(p) not in (float, int) or not 0 < p < 1 or not isinstance(x, Tensor):
+            return func(*args, **kwargs)
+        self.redirected += 1
+        return torch.ops.fxforge.dropout(x, float(p))
