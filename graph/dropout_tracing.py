@@ -5,21 +5,21 @@ Capture traces in train mode so dropout stays switchable. HF attention then call
 ``F.scaled_dot_product_attention(..., dropout_p=p)`` and, with ``p > 0``, torch.export's fake tracing of SDPA
 runs the math fallback (matmul, softmax, dropout) op by op under symbolic shapes: on MiniLM at dynamic shapes
 the export took ~60% longer than in eval mode; each ``F.dropout`` decomposes into a Bernoulli mask too. While
-exporting, :class:`DropoutTracing` (a thread-local TorchFunctionMode) sends such calls to opaque ops whose
-shape rules cost nothing and give the layouts the real train-mode calls give (SDPA's math path: a contiguous
-``[*batch, L, Ev]``; dropout: like its input), so the model's later ``contiguous``/``view`` calls trace as in a
-plain train-mode export. Normalisation turns the op nodes into switchable ``ScaledDotProductAttention`` and
+exporting, :class:`DropoutTracing` sends this thread's such calls to opaque ops whose shape rules cost nothing
+and give the layouts the real train-mode calls give (SDPA's math path: a contiguous ``[*batch, L, Ev]``;
+dropout: like its input), so the model's later ``contiguous``/``view`` calls trace as in a plain train-mode
+export. Normalisation turns the op nodes into switchable ``ScaledDotProductAttention`` and
 ``nn.Dropout`` modules, exactly as it does for SDPA and dropout nodes with a baked probability.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
 
 SDPA_ARG_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
@@ -70,42 +70,82 @@ def bind_sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     return bound
 
 
-class DropoutTracing(TorchFunctionMode):
-    """Sends ``F.scaled_dot_product_attention`` calls with a constant ``dropout_p > 0`` and ``F.dropout`` calls
-    in training with a constant ``p > 0`` to the stand-in ops (see the module docstring); counts them in
-    ``redirected``. In-place dropout stays as it is (the stand-in returns a new tensor).
+_SDPA_FN = F.scaled_dot_product_attention
+_DROPOUT_FN = F.dropout
+_active = threading.local()  # .tracing: the DropoutTracing active in this thread (None: calls pass through)
+_lock = threading.Lock()
+_installed = 0  # DropoutTracing contexts open in any thread (the wrappers are installed while > 0)
 
-    SDPA calls under an enabled autocast stay as they are: export keeps them in a region that normalisation
-    does not inline, so the op could not be replaced there."""
+
+def _tracing() -> DropoutTracing | None:
+    return getattr(_active, "tracing", None)
+
+
+def _traced_sdpa(*args: Any, **kwargs: Any) -> Any:
+    """``F.scaled_dot_product_attention`` while a DropoutTracing is open (see :class:`DropoutTracing`)."""
+    tracing = _tracing()
+    if tracing is None:
+        return _SDPA_FN(*args, **kwargs)
+    bound = bind_sdpa(args, kwargs)
+    p, causal = bound.get("dropout_p", 0.0), bound.get("is_causal", False)
+    scale, gqa, mask, query = bound.get("scale"), bound.get("enable_gqa", False), bound.get("attn_mask"), \
+        bound.get("query")
+    plain = type(p) in (float, int) and type(causal) is bool and type(gqa) is bool and isinstance(query, Tensor) \
+        and (scale is None or type(scale) in (float, int)) and (mask is None or isinstance(mask, Tensor))
+    if not plain or p == 0 or torch.is_autocast_enabled(query.device.type):  # type: ignore[union-attr]
+        return _SDPA_FN(*args, **kwargs)
+    tracing.redirected += 1
+    return torch.ops.fxforge.sdpa_dropout(query, bound["key"], bound["value"], mask, float(p), causal,
+                                          None if scale is None else float(scale), gqa)
+
+
+def _traced_dropout(*args: Any, **kwargs: Any) -> Any:
+    """``F.dropout`` while a DropoutTracing is open (see :class:`DropoutTracing`)."""
+    tracing = _tracing()
+    if tracing is None:
+        return _DROPOUT_FN(*args, **kwargs)
+    bound = dict(zip(("input", "p", "training", "inplace"), args))
+    bound.update(kwargs)
+    p, x = bound.get("p", 0.5), bound.get("input")
+    if bound.get("training", True) is not True or bound.get("inplace", False) is not False or \
+            type(p) not in (float, int) or not 0 < p < 1 or not isinstance(x, Tensor):
+        return _DROPOUT_FN(*args, **kwargs)
+    tracing.redirected += 1
+    return torch.ops.fxforge.dropout(x, float(p))
+
+
+class DropoutTracing:
+    """While open, this thread's ``F.scaled_dot_product_attention`` calls with a constant ``dropout_p > 0`` and
+    ``F.dropout`` calls in training with a constant ``p > 0`` go to the stand-in ops (see the module docstring);
+    ``redirected`` counts them. In-place dropout stays as it is (the stand-in returns a new tensor).
+
+    The two functions of ``torch.nn.functional`` are swapped for wrappers while any DropoutTracing is open
+    (a TorchFunctionMode would do it without touching the module, but it runs Python on every torch call and
+    made a static MiniLM export ~8% slower). The wrappers check a thread-local, so other threads' calls go to
+    the originals unchanged, and code holding its own reference to the originals is traced the slow, correct
+    way. SDPA calls under an enabled autocast stay as they are: export keeps them in a region that
+    normalisation does not inline, so the op could not be replaced there."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.redirected = 0
+        self._outer: DropoutTracing | None = None
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is F.dropout:
-            return self._dropout(func, args, kwargs)
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        bound = bind_sdpa(args, kwargs)
-        p, causal = bound.get("dropout_p", 0.0), bound.get("is_causal", False)
-        scale, gqa, mask = bound.get("scale"), bound.get("enable_gqa", False), bound.get("attn_mask")
-        plain = type(p) in (float, int) and type(causal) is bool and type(gqa) is bool and \
-            (scale is None or type(scale) in (float, int)) and (mask is None or isinstance(mask, Tensor))
-        if not plain or p == 0 or torch.is_autocast_enabled(bound["query"].device.type):
-            return func(*args, **kwargs)
-        self.redirected += 1
-        return torch.ops.fxforge.sdpa_dropout(bound["query"], bound["key"], bound["value"], mask, float(p), causal,
-                                              None if scale is None else float(scale), gqa)
+    def __enter__(self) -> DropoutTracing:
+        global _installed
+        with _lock:
+            if _installed == 0:
+                F.scaled_dot_product_attention = _traced_sdpa
+                F.dropout = _traced_dropout
+            _installed += 1
+        self._outer = _tracing()
+        _active.tracing = self
+        return self
 
-    def _dropout(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        bound = dict(zip(("input", "p", "training", "inplace"), args))
-        bound.update(kwargs)
-        p, x = bound.get("p", 0.5), bound.get("input")
-        if bound.get("training", True) is not True or bound.get("inplace", False) is not False or \
-                type(p) not in (float, int) or not 0 < p < 1 or not isinstance(x, Tensor):
-            return func(*args, **kwargs)
-        self.redirected += 1
-        return torch.ops.fxforge.dropout(x, float(p))
+    def __exit__(self, *exc: object) -> None:
+        global _installed
+        _active.tracing = self._outer
+        with _lock:
+            _installed -= 1
+            if _installed == 0:
+                F.scaled_dot_product_attention = _SDPA_FN
+                F.dropout = _DROPOUT_FN

@@ -5,6 +5,7 @@ active in train mode at two shapes and off in eval (equal to eager), and LoRA fi
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import pytest
 import torch
@@ -152,6 +153,21 @@ def test_only_dropout_the_model_can_switch_on_becomes_a_module(frontend: str) ->
         assert (mg(x) - mg(x)).abs().max() > 1e-4
         mg.eval()
         assert torch.equal(mg(x), model(x))
+
+
+def test_tracing_is_per_thread_and_restores_torch_functions() -> None:
+    originals = (F.scaled_dot_product_attention, F.dropout)
+    x = torch.randn(64, 64)
+    seen: list[torch.Tensor] = []
+    with DropoutTracing() as outer:
+        with DropoutTracing() as inner:
+            worker = threading.Thread(target=lambda: seen.append(F.dropout(x, 0.5, True)))
+            worker.start()
+            worker.join()
+        assert inner.redirected == 0 and outer.redirected == 0  # the other thread called the real dropout
+        assert (seen[0] == 0).any() and torch.allclose(seen[0][seen[0] != 0], 2 * x[seen[0] != 0])
+        assert (F.scaled_dot_product_attention, F.dropout) != originals
+    assert (F.scaled_dot_product_attention, F.dropout) == originals
 
 
 @pytest.mark.parametrize("shapes", [((2, 4, 5, 8), (2, 4, 7, 8), (2, 4, 7, 6)), ((3, 5, 8), (3, 5, 8), (3, 5, 8)),
