@@ -125,6 +125,9 @@ class Search:
         resume: continue an existing study of the same name and space (else an existing one is refused).
         constraints: e.g. ``[Constraint("accuracy", max_drop=0.01)]`` (feasible trials first in results).
         capture: ForgeGraph keyword arguments for NAS trials (e.g. ``{"hf_input_names": [...]}``).
+        enqueue: parameter sets evaluated first (Optuna's ``enqueue_trial``), e.g. the configuration one would
+            pick by hand, to compare with what the search finds; checked against the space before anything
+            runs, and skipped on resume when the study already holds them.
     """
 
     space: SearchSpace
@@ -145,6 +148,7 @@ class Search:
     timeout: float | None = None
     on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
     config_json: str | None = None
+    enqueue: Sequence[Mapping[str, Any]] = ()
 
     def __post_init__(self) -> None:
         if self.n_trials < 1:
@@ -165,6 +169,28 @@ class Search:
         self.run_dir = Path(self.run_dir)
         self._bound = self.space.bind(self.base)
         self._baseline: dict[str, float] = {}
+        self.enqueue = tuple(self._checked_enqueue(p) for p in self.enqueue)
+
+    def _checked_enqueue(self, params: Any) -> dict[str, Any]:
+        """``params`` if the space samples exactly these names, each from its choices; SearchError otherwise."""
+        import warnings
+
+        if not isinstance(params, Mapping):
+            raise SearchError(f"enqueue: each entry must be a dict of parameters, got {type(params).__name__}")
+        trial = optuna.trial.FixedTrial(dict(params))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                self._bound.suggest(trial)
+        except optuna.TrialPruned as exc:
+            raise SearchError(f"enqueue: {dict(params)} is an invalid combination ({exc})") from None
+        except (ValueError, UserWarning) as exc:
+            raise SearchError(f"enqueue: {dict(params)} does not fit the space: {exc}") from None
+        unused = sorted(set(params) - set(trial.params))
+        if unused:
+            raise SearchError(f"enqueue: the space samples no parameter(s) {unused}; it samples "
+                              f"{sorted(trial.params)}")
+        return dict(params)
 
     # -- study ----------------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
@@ -258,6 +284,8 @@ class Search:
         from .results import SearchResult
 
         study = self.open_study()
+        for params in self.enqueue:
+            study.enqueue_trial(params, skip_if_exists=True)
         self._baseline = self.baseline(study)
         finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [

@@ -116,3 +116,23 @@ def test_single_objective_with_tpe_and_plots(setup, tmp_path: Path) -> None:
     html = (tmp_path / "plots" / "optimization_history.html").read_text()
     assert "<script src=\"http" not in html and len(html) > 100_000  # plotly inlined: opens offline
     assert optuna.trial.TrialState.COMPLETE in {t.state for t in result.study.trials}
+
+
+def test_enqueued_configurations_run_first_once_and_are_checked(setup, tmp_path: Path) -> None:
+    mg, task = setup
+    space = MixedPrecisionSpace({"integer": {"width": [4, 8], "frac_width": [2, 6]}}, roles=("weight",))
+    hand = {"linear:integer:weight_width": 8, "linear:integer:weight_frac_width": 6}
+    first = _search(mg, task, tmp_path, space=space, n_trials=2, enqueue=[hand]).run()
+    assert first.study.trials[0].params == hand
+    resumed = _search(mg, task, tmp_path, space=space, n_trials=4, enqueue=[hand], resume=True).run()
+    assert len(resumed.completed()) == 4  # on resume the hand-picked trial is not enqueued (or evaluated) again
+    assert [t.number for t in resumed.study.trials if t.params == hand and "cached_from" not in trial_result(t)] == [0]
+    with pytest.raises(SearchError, match=r"samples no parameter\(s\) \['linear:integer:bias_width'\]"):
+        _search(mg, task, tmp_path, space=space, enqueue=[{**hand, "linear:integer:bias_width": 8}])
+    with pytest.raises(SearchError, match="does not fit the space"):
+        _search(mg, task, tmp_path, space=space, enqueue=[{**hand, "linear:integer:weight_width": 6}])
+    with pytest.raises(SearchError, match="does not fit the space"):
+        _search(mg, task, tmp_path, space=space, enqueue=[{"linear:integer:weight_width": 8}])
+    with pytest.raises(SearchError, match="invalid combination"):
+        _search(mg, task, tmp_path, space=space, enqueue=[{"linear:integer:weight_width": 4,
+                                                           "linear:integer:weight_frac_width": 6}])
