@@ -32,16 +32,16 @@ SPACE_ATTR, BASELINE_ATTR, OBJECTIVES_ATTR = "fxforge_space", "fxforge_baseline"
 CONFIG_ATTR = "fxforge_config"
 
 
-def _sampler(name: str, seed: int | None, multi: bool, constrained: bool) -> optuna.samplers.BaseSampler:
-    constraints = {"constraints_func": _constraints_of} if constrained else {}
+def _sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    """A sampler by name; constraints reach it through each trial's ``set_constraint`` (Optuna 5)."""
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, **constraints)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True)
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, **constraints)
+        return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, **constraints)
+        return optuna.samplers.GPSampler(seed=seed)
     if name == "grid":
         return optuna.samplers.BruteForceSampler(seed=seed)
     raise SearchError(f"unknown sampler {name!r}; choose from {sorted(SAMPLERS)}")
@@ -73,8 +73,10 @@ def trial_plan_key(trial: optuna.trial.FrozenTrial) -> str | None:
     return trial.user_attrs.get(PLAN_ATTR, {}).get("key")
 
 
-def _constraints_of(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
-    return trial_result(trial).get("constraints", [0.0])
+def _set_constraints(trial: optuna.Trial, violations: Sequence[float]) -> None:
+    """Tell the sampler how far the trial is from feasible (<= 0: feasible), one value per constraint."""
+    for i, v in enumerate(violations):
+        trial.set_constraint(str(i), float(v))
 
 
 def _fail_interrupted(study: optuna.Study) -> None:
@@ -227,7 +229,7 @@ class Search:
         return self.space.to_spec()
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
-        return _sampler(self.sampler, self.seed, len(self._objectives) > 1, bool(self.constraints))
+        return _sampler(self.sampler, self.seed)
 
     def baseline(self, study: optuna.Study) -> dict[str, float]:
         """Objectives of the base graph, measured once per study (stored in it for resumes and workers)."""
@@ -250,6 +252,7 @@ class Search:
         cached = self._cached(trial.study, key)
         if cached is not None:
             trial.set_user_attr(RESULT_ATTR, {**trial_result(cached), "cached_from": cached.number})
+            _set_constraints(trial, trial_result(cached).get("constraints", []))
             return list(cached.values)
         t1 = time.perf_counter()
         before = trial_pipeline(plan.before_training(), f"trial {trial.number}: before training")
@@ -269,6 +272,7 @@ class Search:
                                   "timing_s": {"sample": t1 - t0, "build": t2 - t1, "run": t3 - t2, "measure": t4 - t3}}
         if self.constraints:
             result["constraints"] = [c.violation(values, self._baseline) for c in self.constraints]
+            _set_constraints(trial, result["constraints"])
         trial.set_user_attr(RESULT_ATTR, result)
         return [values[o.name] for o in self._objectives]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import optuna
@@ -47,7 +48,10 @@ def _search(mg: ForgeGraph, task: TensorTask, tmp: Path, **kw: object) -> Search
 def test_trials_start_from_fresh_copies_and_results_rebuild(setup, tmp_path: Path) -> None:
     mg, task = setup
     before = {k: v.clone() for k, v in mg.model.state_dict().items()}
-    result = _search(mg, task, tmp_path, constraints=[Constraint("accuracy", max_drop=0.5)]).run()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # no deprecated Optuna API (constraints_func)
+        result = _search(mg, task, tmp_path, constraints=[Constraint("accuracy", max_drop=0.5)],
+                         sampler="nsga2").run()
     assert not any(type(m).__name__.startswith("Quantized") for m in mg.model.modules())  # base untouched
     assert all(torch.equal(before[k], v) for k, v in mg.model.state_dict().items())
     assert mg.history == []
@@ -56,6 +60,7 @@ def test_trials_start_from_fresh_copies_and_results_rebuild(setup, tmp_path: Pat
     for t in done:  # every trial quantized both layers with its own widths, on a fresh copy
         bits = trial_result(t)["values"]["avg_weight_bits"]
         assert bits < 32.0
+        assert list(t.constraints.values()) == trial_result(t)["constraints"]  # what the sampler sees
     front = result.front()
     assert front and all(r["feasible"] for r in result.rows())
     rebuilt = result.rebuild(front[0])
