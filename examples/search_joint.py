@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--train-size", type=int, default=2000)
     p.add_argument("--eval-size", type=int, default=500)
+    p.add_argument("--trial-train-size", type=int, default=None,
+                   help="reviews each trial fine-tunes on (default: --train-size)")
     p.add_argument("--run-dir", default="out/search-joint")
     p.add_argument("--timeout", type=float, default=2 * 3600, help="stop after this many seconds")
     p.add_argument("--trial-lr", type=float, default=3e-4, help="learning rate of the trials' LoRA fine-tune")
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     run = Path(args.run_dir)
     base = finetuned_minilm(run, imdb_task(args.train_size, args.eval_size))
-    task = imdb_task(args.train_size, args.eval_size, lr=args.trial_lr)  # LoRA wants a larger step than full FT
+    # the trials' short fine-tune: LoRA wants a larger step than the base's full fine-tune
+    task = imdb_task(args.trial_train_size or args.train_size, args.eval_size, lr=args.trial_lr)
     result = Search(space(), ["accuracy", "weight_bits", "latency_ms"], base=base, task=task, n_trials=args.trials,
                     sampler=args.sampler, constraints=[Constraint("accuracy", max_drop=0.01)], run_dir=run,
                     study_name="joint", resume=args.resume, timeout=args.timeout,
