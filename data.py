@@ -327,6 +327,8 @@ def get_trainer(
     use_cpu: bool = True,
     report_to: list[str] | None = None,
     training_args: Mapping[str, Any] | None = None,
+    teacher: Any = None,
+    distill: Mapping[str, float] | None = None,
 ) -> Any:
     """An HF ``Trainer`` fine-tuning ``model`` on ``tokenized_dataset["train"]``, evaluating on ``["test"]``.
 
@@ -334,7 +336,9 @@ def get_trainer(
     ``input_ids``/``attention_mask``/``labels`` keywords and returning a ``ModelOutput`` with ``loss`` and
     ``logits``. A graph specialised to a static ``(batch, length)`` gets that batch size, padding to that
     length, and drop-last loaders (so a ragged last eval batch is skipped). Accuracy is computed here;
-    ``training_args`` overrides any ``TrainingArguments`` field.
+    ``training_args`` overrides any ``TrainingArguments`` field. With a ``teacher`` (a model or ForgeGraph,
+    e.g. the unpruned base) the training loss is distilled from it (``distill``: ``alpha``, ``temperature``;
+    see :mod:`fxforge.distill`).
     """
     from transformers import Trainer, TrainingArguments
 
@@ -354,6 +358,19 @@ def get_trainer(
     static = _static_batch_shape(model)
     is_graph = isinstance(model, torch.fx.GraphModule)
     trainer_model: nn.Module = CapturedModelAdapter(model) if is_graph else model
+    if distill is not None and teacher is None:
+        raise ValueError("distill settings given without a teacher")
+    if teacher is not None:
+        from .distill import DistillationModel, DistillConfig
+
+        teacher = teacher.model if isinstance(teacher, ForgeGraph) else teacher
+        if not isinstance(teacher, nn.Module):
+            raise TypeError(f"teacher must be a torch.nn.Module or ForgeGraph, got {type(teacher).__name__}")
+        unknown = sorted(set(distill or {}) - {"alpha", "temperature"})
+        if unknown:
+            raise ValueError(f"unknown distill key(s) {unknown}; allowed: ['alpha', 'temperature']")
+        wrapped = CapturedModelAdapter(teacher) if isinstance(teacher, torch.fx.GraphModule) else teacher
+        trainer_model = DistillationModel(trainer_model, wrapped, DistillConfig(**dict(distill or {})))
     batch_sizes = {"per_device_train_batch_size": per_device_train_batch_size,
                    "per_device_eval_batch_size": per_device_eval_batch_size}
     for name, value in batch_sizes.items():

@@ -1,25 +1,34 @@
 """torch.compile of the AFNO GPT after afno_real_arithmetic_transform_pass vs eager AFNO and attention.
 
-Run: ``python -m fxforge.benchmarks.bench_afno_compile`` (CPU is fine; ~30 s of compilation per compiled
+Run: ``python -m fxforge.benchmarks.bench_afno_compile`` (CPU is fine; ~30-60 s of compilation per compiled
 model and length, so run it once). fwd+bwd of the LM loss, seq 1024 and 4096 by default; every model is
-timed in the same rounds (interleaved, after a warm-up round that also compiles), medians, one run.
-Ratios are against eager AFNO (target: real-arithmetic compiled <= 0.8x) and eager attention.
+timed in the same rounds (benchmarks/timing.py: interleaved, order rotating, after warm-up rounds that also
+compile), medians of one run, torch threads fixed (``--threads``). Ratios are against eager AFNO (target:
+real-arithmetic compiled <= 0.8x) and eager attention; ``pair`` is the median of per-round ratios.
+
+``gemm`` is the share of eager AFNO's fwd+bwd spent in matrix multiplies (``aten::mm``/``bmm``/``addmm``,
+one profiled step): Inductor calls the same BLAS for them, so ``gemm`` bounds from below what any
+compilation of this model can reach. ``--mode`` passes a torch.compile mode (e.g.
+``max-autotune-no-cudagraphs``) to both compiled variants.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 
 import torch
 import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
 
 from ..graph.forge_graph import ForgeGraph
 from ..models.gpt import GPT, GPTConfig
 from ..passes.analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from ..passes.transform.afno_real import afno_real_arithmetic_transform_pass
 from .bench_afno_vs_attn import fwd_bwd_seconds
+from .timing import interleaved
+
+GEMM_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm"})
 
 
 def build(length: int, args: argparse.Namespace) -> dict[str, nn.Module]:
@@ -29,19 +38,27 @@ def build(length: int, args: argparse.Namespace) -> dict[str, nn.Module]:
         return GPT(GPTConfig(vocab_size=256, sequence_length=length, n_layer=args.n_layer, n_head=args.n_head,
                              n_embd=args.n_embd, mixer=mixer))
 
-    afno = gpt("afno")
     idx = torch.randint(0, 256, (args.batch_size, length))
     mg = ForgeGraph(gpt("afno"), example_inputs=idx, frontend="fx")
     mg, _ = init_metadata_analysis_pass(mg)
     mg, _ = add_common_metadata_analysis_pass(mg)
     mg, info = afno_real_arithmetic_transform_pass(mg)
-    assert info.rewritten == args.n_layer and set(info.complex_ops_after) <= {"fft_rfft", "fft_irfft"}
+    assert info.rewritten == info.fft_convs == args.n_layer and not info.complex_ops_after, info
     return {
-        "afno-eager": afno,
-        "afno-compiled": torch.compile(gpt("afno"), dynamic=False),
-        "afno-real-compiled": torch.compile(mg.model, dynamic=False),
+        "afno-eager": gpt("afno"),
+        "afno-compiled": torch.compile(gpt("afno"), dynamic=False, mode=args.mode),
+        "afno-real-compiled": torch.compile(mg.model, dynamic=False, mode=args.mode),
         "attn-eager": gpt("attn"),
     }
+
+
+def gemm_share(model: nn.Module, idx: torch.Tensor) -> float:
+    """Fraction of one fwd+bwd's self CPU time spent in matrix multiplies (one profiled step)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fwd_bwd_seconds(model, idx)  # type: ignore[arg-type]
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    return sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS) / max(total, 1e-9)
 
 
 def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
@@ -51,31 +68,39 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     p.add_argument("--n_embd", type=int, default=256)
     p.add_argument("--n_layer", type=int, default=4)
     p.add_argument("--n_head", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds (the first compiles)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--mode", default=None, help="torch.compile mode (default: torch's default mode)")
     args = p.parse_args(argv)
+    if args.threads <= 0 or args.repeats <= 0 or args.warmup <= 0:
+        raise SystemExit("--threads, --repeats and --warmup must be positive")
+    torch.set_num_threads(args.threads)
     print(f"GPT n_embd={args.n_embd} n_layer={args.n_layer} batch={args.batch_size}, fwd+bwd median of "
-          f"{args.repeats}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"{args.repeats} (+{args.warmup} warm-up), torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"compile mode {args.mode or 'default'}, load average {os.getloadavg()[0]:.2f}", flush=True)
     results: dict[tuple[str, int], float] = {}
+    pairs: dict[int, float] = {}
+    gemm: dict[int, float] = {}
     for length in args.lengths:
         models = build(length, args)
         idx = torch.randint(0, 256, (args.batch_size, length), generator=torch.Generator().manual_seed(0))
-        times: dict[str, list[float]] = {name: [] for name in models}
-        for round_ in range(args.repeats + 1):  # round 0 warms up (and compiles)
-            for name, model in models.items():
-                seconds = fwd_bwd_seconds(model, idx)  # type: ignore[arg-type]
-                if round_:
-                    times[name].append(seconds)
-        for name, ts in times.items():
-            results[(name, length)] = statistics.median(ts)
-            print(f"  T={length:5d} {name:20s} {results[(name, length)] * 1000:9.1f} ms", flush=True)
-    print("\n    T  afno-compiled/eager  afno-real-compiled/eager  afno-real-compiled/attn-eager  afno-eager/attn")
+        timings = interleaved({name: (lambda m=model, x=idx: fwd_bwd_seconds(m, x))  # type: ignore[misc]
+                               for name, model in models.items()}, args.repeats, warmup=args.warmup)
+        for name, seconds in timings.medians().items():
+            results[(name, length)] = seconds
+            print(f"  T={length:5d} {name:20s} {seconds * 1000:9.1f} ms", flush=True)
+        pairs[length] = timings.pair_ratio("afno-real-compiled", "afno-eager")
+        gemm[length] = gemm_share(models["afno-eager"], idx)
+    print("\n    T  afno-compiled/eager  afno-real-compiled/eager (pair)  afno-real-compiled/attn-eager  "
+          "afno-eager/attn  gemm")
     for length in args.lengths:
         r = {name: results[(name, length)] for name in ("afno-eager", "afno-compiled", "afno-real-compiled",
                                                           "attn-eager")}
         print(f"{length:6d} {r['afno-compiled'] / r['afno-eager']:20.2f} "
-              f"{r['afno-real-compiled'] / r['afno-eager']:25.2f} "
-              f"{r['afno-real-compiled'] / r['attn-eager']:30.2f} {r['afno-eager'] / r['attn-eager']:16.2f}")
+              f"{r['afno-real-compiled'] / r['afno-eager']:25.2f} ({pairs[length]:.2f}) "
+              f"{r['afno-real-compiled'] / r['attn-eager']:30.2f} {r['afno-eager'] / r['attn-eager']:16.2f} "
+              f"{gemm[length]:5.2f}")
     print(f"load average at the end {os.getloadavg()[0]:.2f} (other processes skew absolute times)")
     return results
 

@@ -28,29 +28,43 @@ class PruningSpace(SearchSpace):
     """Sparsity per layer group: ``groups`` maps a group name to a selector (default: every Linear).
 
     Each group samples its sparsity from ``sparsity`` (0 means "leave it dense") and becomes one
-    ``prune_transform_pass`` step with MASE's config shape. With ``shrink`` (structured granularities
-    only) the pruned rows, heads or FFN units are then physically removed (``shrink_transform_pass``),
-    so the model really gets smaller and faster.
+    ``prune_transform_pass`` step with MASE's config shape. ``granularity`` is one for every group or a
+    mapping group → granularity (e.g. FFN units for the FFN group, heads for the attention group). With
+    ``shrink`` (structured granularities only) the pruned rows, heads or FFN units are then physically
+    removed (``shrink_transform_pass``), so the model really gets smaller and faster.
     """
 
     kind = "pruning"
 
     def __init__(self, sparsity: Sequence[float], groups: Mapping[str, Any] | None = None, method: str = "l1",
-                 granularity: str = "elementwise", scope: str = "local", shrink: bool = False) -> None:
+                 granularity: str | Mapping[str, str] = "elementwise", scope: str = "local",
+                 shrink: bool = False) -> None:
         self.sparsity = check_choices("pruning sparsity", sparsity)
         bad = [s for s in self.sparsity if not isinstance(s, int | float) or isinstance(s, bool) or not 0 <= s < 1]
         if bad:
             raise SearchError(f"pruning sparsity choices must be in [0, 1), got {bad}")
         if method not in PRUNE_METHODS:
             raise SearchError(f"pruning method must be one of {list(PRUNE_METHODS)}, got {method!r}")
-        if granularity not in PRUNE_GRANULARITIES:
-            raise SearchError(f"pruning granularity must be one of {list(PRUNE_GRANULARITIES)}, got {granularity!r}")
         if scope not in ("local", "global"):
             raise SearchError(f"pruning scope must be 'local' or 'global', got {scope!r}")
         self.groups = dict(groups) if groups else {"linear": {"type": ["linear"]}}
-        if shrink and granularity == "elementwise":
-            raise SearchError("pruning shrink needs a structured granularity (row, channel, head, ffn)")
-        self.method, self.granularity, self.scope, self.shrink = method, granularity, scope, bool(shrink)
+        if isinstance(granularity, Mapping):
+            unknown = sorted(set(granularity) - set(self.groups))
+            missing = sorted(set(self.groups) - set(granularity))
+            if unknown or missing:
+                raise SearchError(f"pruning granularity per group: unknown group(s) {unknown}, missing {missing}; "
+                                  f"groups: {sorted(self.groups)}")
+            per_group = {g: granularity[g] for g in self.groups}
+        else:
+            per_group = dict.fromkeys(self.groups, granularity)
+        bad_gran = sorted({str(g) for g in per_group.values() if g not in PRUNE_GRANULARITIES})
+        if bad_gran:
+            raise SearchError(f"pruning granularity must be one of {list(PRUNE_GRANULARITIES)}, got {bad_gran}")
+        if shrink and "elementwise" in per_group.values():
+            raise SearchError("pruning shrink needs a structured granularity (row, channel, head, ffn) in every group")
+        self.granularity: str | dict[str, str] = dict(granularity) if isinstance(granularity, Mapping) else granularity
+        self.per_group = per_group
+        self.method, self.scope, self.shrink = method, scope, bool(shrink)
 
     def bind(self, graph: ForgeGraph | None) -> PruningSpace:
         from ..passes.base import PASSES
@@ -66,7 +80,7 @@ class PruningSpace(SearchSpace):
             if s > 0:
                 steps.append(("prune_transform_pass", {
                     "weight": {"sparsity": float(s), "method": self.method, "scope": self.scope,
-                               "granularity": self.granularity},
+                               "granularity": self.per_group[group]},
                     "targets": selector}))
         if steps and self.shrink:
             steps.append(("shrink_transform_pass", {}))

@@ -32,16 +32,16 @@ SPACE_ATTR, BASELINE_ATTR, OBJECTIVES_ATTR = "fxforge_space", "fxforge_baseline"
 CONFIG_ATTR = "fxforge_config"
 
 
-def _sampler(name: str, seed: int | None, multi: bool, constrained: bool) -> optuna.samplers.BaseSampler:
-    constraints = {"constraints_func": _constraints_of} if constrained else {}
+def _sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    """A sampler by name; constraints reach it through each trial's ``set_constraint`` (Optuna 5)."""
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, **constraints)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True)
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, **constraints)
+        return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, **constraints)
+        return optuna.samplers.GPSampler(seed=seed)
     if name == "grid":
         return optuna.samplers.BruteForceSampler(seed=seed)
     raise SearchError(f"unknown sampler {name!r}; choose from {sorted(SAMPLERS)}")
@@ -73,8 +73,10 @@ def trial_plan_key(trial: optuna.trial.FrozenTrial) -> str | None:
     return trial.user_attrs.get(PLAN_ATTR, {}).get("key")
 
 
-def _constraints_of(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
-    return trial_result(trial).get("constraints", [0.0])
+def _set_constraints(trial: optuna.Trial, violations: Sequence[float]) -> None:
+    """Tell the sampler how far the trial is from feasible (<= 0: feasible), one value per constraint."""
+    for i, v in enumerate(violations):
+        trial.set_constraint(str(i), float(v))
 
 
 def _fail_interrupted(study: optuna.Study) -> None:
@@ -125,6 +127,9 @@ class Search:
         resume: continue an existing study of the same name and space (else an existing one is refused).
         constraints: e.g. ``[Constraint("accuracy", max_drop=0.01)]`` (feasible trials first in results).
         capture: ForgeGraph keyword arguments for NAS trials (e.g. ``{"hf_input_names": [...]}``).
+        enqueue: parameter sets evaluated first (Optuna's ``enqueue_trial``), e.g. the configuration one would
+            pick by hand, to compare with what the search finds; checked against the space before anything
+            runs, and skipped on resume when the study already holds them.
     """
 
     space: SearchSpace
@@ -145,6 +150,7 @@ class Search:
     timeout: float | None = None
     on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
     config_json: str | None = None
+    enqueue: Sequence[Mapping[str, Any]] = ()
 
     def __post_init__(self) -> None:
         if self.n_trials < 1:
@@ -165,6 +171,28 @@ class Search:
         self.run_dir = Path(self.run_dir)
         self._bound = self.space.bind(self.base)
         self._baseline: dict[str, float] = {}
+        self.enqueue = tuple(self._checked_enqueue(p) for p in self.enqueue)
+
+    def _checked_enqueue(self, params: Any) -> dict[str, Any]:
+        """``params`` if the space samples exactly these names, each from its choices; SearchError otherwise."""
+        import warnings
+
+        if not isinstance(params, Mapping):
+            raise SearchError(f"enqueue: each entry must be a dict of parameters, got {type(params).__name__}")
+        trial = optuna.trial.FixedTrial(dict(params))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                self._bound.suggest(trial)
+        except optuna.TrialPruned as exc:
+            raise SearchError(f"enqueue: {dict(params)} is an invalid combination ({exc})") from None
+        except (ValueError, UserWarning) as exc:
+            raise SearchError(f"enqueue: {dict(params)} does not fit the space: {exc}") from None
+        unused = sorted(set(params) - set(trial.params))
+        if unused:
+            raise SearchError(f"enqueue: the space samples no parameter(s) {unused}; it samples "
+                              f"{sorted(trial.params)}")
+        return dict(params)
 
     # -- study ----------------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
@@ -201,7 +229,7 @@ class Search:
         return self.space.to_spec()
 
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
-        return _sampler(self.sampler, self.seed, len(self._objectives) > 1, bool(self.constraints))
+        return _sampler(self.sampler, self.seed)
 
     def baseline(self, study: optuna.Study) -> dict[str, float]:
         """Objectives of the base graph, measured once per study (stored in it for resumes and workers)."""
@@ -224,6 +252,7 @@ class Search:
         cached = self._cached(trial.study, key)
         if cached is not None:
             trial.set_user_attr(RESULT_ATTR, {**trial_result(cached), "cached_from": cached.number})
+            _set_constraints(trial, trial_result(cached).get("constraints", []))
             return list(cached.values)
         t1 = time.perf_counter()
         before = trial_pipeline(plan.before_training(), f"trial {trial.number}: before training")
@@ -243,6 +272,7 @@ class Search:
                                   "timing_s": {"sample": t1 - t0, "build": t2 - t1, "run": t3 - t2, "measure": t4 - t3}}
         if self.constraints:
             result["constraints"] = [c.violation(values, self._baseline) for c in self.constraints]
+            _set_constraints(trial, result["constraints"])
         trial.set_user_attr(RESULT_ATTR, result)
         return [values[o.name] for o in self._objectives]
 
@@ -258,6 +288,8 @@ class Search:
         from .results import SearchResult
 
         study = self.open_study()
+        for params in self.enqueue:
+            study.enqueue_trial(params, skip_if_exists=True)
         self._baseline = self.baseline(study)
         finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [

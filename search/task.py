@@ -166,6 +166,8 @@ class TextClassificationTask(Task):
         training_args.setdefault("logging_strategy", "no")
         if self.report_every:
             training_args.update(eval_strategy="steps", eval_steps=self.report_every)
+        else:  # nothing to report to a pruner: the trial measures accuracy itself once, after all its steps
+            training_args.setdefault("eval_strategy", "no")
         with tempfile.TemporaryDirectory(prefix="fxforge-trial-") as out:
             trainer = get_trainer(graph, self.data, self.tokenizer, output_dir=out, training_args=training_args,
                                   **overrides)

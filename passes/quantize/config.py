@@ -10,6 +10,7 @@
                            "bias_width": 8, "bias_frac_width": 4}}}
 
 * ``by: type`` keys are canonical ops (:data:`QUANTIZABLE_OPS`, or ``"fft"`` for every FFT op);
+  embeddings (:data:`OPT_IN_OPS`) are quantized only by a rule that names them, never by ``default``;
   ``by: name`` keys are module paths / node names (a dotted suffix also matches, as everywhere in
   fxforge's selector language); ``by: regex`` keys are full-match regexes. With name/regex the first
   matching key (in dict order) wins.
@@ -49,8 +50,11 @@ FFT_OPS: tuple[str, ...] = (
 )
 QUANTIZABLE_OPS: tuple[str, ...] = (
     "linear", "conv1d", "conv2d", "matmul", "bmm", "einsum", "add", "sub", "mul", "relu", "gelu", "softmax",
-    "layer_norm", *FFT_OPS,
+    "layer_norm", "embedding", *FFT_OPS,
 )
+# Quantized only when a rule names them (by type, name or regex), never by ``default``: a config written
+# before embeddings were quantizable keeps its meaning (MASE's default never touched the embedding tables).
+OPT_IN_OPS: tuple[str, ...] = ("embedding",)
 TYPE_KEYS: tuple[str, ...] = (*QUANTIZABLE_OPS, "fft")
 _OP_CONFIG_KEYS = ("name", "bypass")
 
@@ -201,7 +205,7 @@ class QuantizeConfig:
                     (self.by == "name" and key == name.replace(".", "_"))
             if hit:
                 return key, cfg
-        return None, self.default
+        return None, None if op in OPT_IN_OPS else self.default
 
     def to_json(self) -> dict[str, Any]:
         """The config in MASE's form with defaults filled in."""

@@ -1,4 +1,4 @@
-"""Quantized layers swapped in for nn.Linear / Conv1d / Conv2d / LayerNorm by the quantize pass.
+"""Quantized layers swapped in for nn.Linear / Conv1d / Conv2d / LayerNorm / Embedding by the quantize pass.
 
 Each keeps the original parameters (shared, so QAT trains them) and holds one :class:`Quantize`
 per configured role: ``data_in`` on the input, ``weight``/``bias`` on the parameters (re-quantized
@@ -19,8 +19,8 @@ from ...graph import targets
 from .config import OpQuantConfig
 from .quantizer import Quantize
 
-__all__ = ["QuantizedLinear", "QuantizedConv1d", "QuantizedConv2d", "QuantizedLayerNorm", "QUANTIZED_LAYERS",
-           "build_quantized_layer", "register_quantized_layer"]
+__all__ = ["QuantizedLinear", "QuantizedConv1d", "QuantizedConv2d", "QuantizedEmbedding", "QuantizedLayerNorm",
+           "QUANTIZED_LAYERS", "build_quantized_layer", "layer_roles", "register_quantized_layer"]
 
 ROLE_ATTRS: dict[str, str] = {r: f"{r}_quantizer" for r in ("data_in", "weight", "bias", "data_out")}
 
@@ -31,6 +31,7 @@ class _QuantizedLayer:
     # (channel_axis, block_axis) per role; layers override.
     AXES: dict[str, tuple[int, int]] = {"data_in": (-1, -1), "weight": (0, -1), "bias": (0, -1),
                                         "data_out": (-1, -1)}
+    ROLES: tuple[str, ...] = tuple(ROLE_ATTRS)  # the roles this layer has; configured others are ignored
 
     def _init_quantizers(self, quant: OpQuantConfig | Mapping[str, Any],
                          quantizers: Mapping[str, Mapping[str, Any]] | None, has_bias: bool) -> None:
@@ -38,7 +39,9 @@ class _QuantizedLayer:
         for role, attr in ROLE_ATTRS.items():
             spec = self.quant.role(role)
             module: Quantize | None = None
-            if quantizers is not None and role in quantizers:
+            if role not in self.ROLES:
+                pass
+            elif quantizers is not None and role in quantizers:
                 module = Quantize.from_config(quantizers[role])
             elif spec is not None and (role != "bias" or has_bias):
                 channel, block = self.AXES[role]
@@ -156,8 +159,54 @@ class QuantizedLayerNorm(_QuantizedLayer, nn.LayerNorm):
         return self._q("data_out", y)
 
 
+class QuantizedEmbedding(_QuantizedLayer, nn.Embedding):
+    """Embedding lookup of a quantized table (weight role only: indices are not quantized).
+
+    Formats whose quantization of a row depends only on that row (fixed point, minifloat, block / MX formats
+    along the row, per-row scaled integers) quantize just the rows looked up, which equals looking up the
+    quantized table without re-quantizing all of it on every call; per-tensor scaled formats quantize the table.
+    """
+
+    ROLES = ("weight",)
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
+                 max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                 sparse: bool = False, quant: OpQuantConfig | Mapping[str, Any] | None = None,
+                 quantizers: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        nn.Embedding.__init__(self, num_embeddings, embedding_dim, padding_idx, max_norm, norm_type,
+                              scale_grad_by_freq, sparse)
+        if quant is None:
+            raise ValueError("QuantizedEmbedding needs a quantization config")
+        self._init_quantizers(quant, quantizers, False)
+
+    @classmethod
+    def from_float(cls, layer: nn.Embedding, quant: OpQuantConfig) -> QuantizedEmbedding:
+        with torch.device("meta"):
+            new = cls(**_embedding_config(layer), quant=quant)
+        new.weight = layer.weight
+        new._init_quantizers(new.quant, None, False)
+        for q in new.quantizers().values():
+            q.to(layer.weight.device)
+        new.train(layer.training)
+        return new
+
+    def _row_local(self, q: Quantize) -> bool:
+        return self.max_norm is None and (not q.fmt.scaled or q.per_channel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.weight_quantizer
+        if not isinstance(q, Quantize) or not self._row_local(q):
+            weight = self._q("weight", self.weight)
+            return F.embedding(x, weight, self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq,
+                               self.sparse)
+        rows = F.embedding(x, self.weight, self.padding_idx, None, self.norm_type, self.scale_grad_by_freq,
+                           self.sparse)
+        return q(rows.reshape(-1, self.embedding_dim)).reshape(rows.shape)
+
+
 QUANTIZED_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
     nn.Linear: QuantizedLinear,
+    nn.Embedding: QuantizedEmbedding,
     nn.Conv1d: QuantizedConv1d,
     nn.Conv2d: QuantizedConv2d,
     nn.LayerNorm: QuantizedLayerNorm,
@@ -182,6 +231,12 @@ def build_quantized_layer(layer: nn.Module, quant: OpQuantConfig) -> nn.Module:
     return cls.from_float(layer, quant)  # type: ignore[attr-defined]
 
 
+def layer_roles(layer: nn.Module) -> tuple[str, ...]:
+    """The quantization roles ``layer``'s quantized counterpart has (e.g. an embedding only has ``weight``)."""
+    cls = QUANTIZED_LAYERS.get(type(layer), type(layer))
+    return tuple(getattr(cls, "ROLES", ROLE_ATTRS))
+
+
 def _linear_config(m: Any) -> dict[str, Any]:
     return {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None}
 
@@ -197,8 +252,15 @@ def _layer_norm_config(m: Any) -> dict[str, Any]:
             "elementwise_affine": m.elementwise_affine, "bias": m.bias is not None}
 
 
+def _embedding_config(m: Any) -> dict[str, Any]:
+    return {"num_embeddings": m.num_embeddings, "embedding_dim": m.embedding_dim, "padding_idx": m.padding_idx,
+            "max_norm": m.max_norm, "norm_type": m.norm_type, "scale_grad_by_freq": m.scale_grad_by_freq,
+            "sparse": m.sparse}
+
+
 _FLOAT_CONFIGS: dict[type[nn.Module], Any] = {
-    QuantizedLinear: _linear_config, QuantizedConv1d: _conv_config, QuantizedConv2d: _conv_config,
+    QuantizedLinear: _linear_config, QuantizedEmbedding: _embedding_config,
+    QuantizedConv1d: _conv_config, QuantizedConv2d: _conv_config,
     QuantizedLayerNorm: _layer_norm_config,
 }
 

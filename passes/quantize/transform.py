@@ -38,7 +38,7 @@ from ..rewrite import GraphRewrite, inject_modules
 from ..select import node_identity
 from .attention import QuantizedSDPA
 from .config import FFT_OPS, QUANTIZABLE_OPS, OpQuantConfig, QuantizeConfig
-from .modules import QUANTIZED_LAYERS, build_quantized_layer
+from .modules import QUANTIZED_LAYERS, build_quantized_layer, layer_roles
 from .quantizer import Quantize
 from .records import QuantizationRecord
 from .state import quantizers as all_quantizers
@@ -48,7 +48,7 @@ __all__ = ["quantize_transform_pass", "QuantizeInfo", "CONTAINER"]
 CONTAINER = "fxforge_quant"  # submodule holding the quantizers inserted around function nodes
 SDPA = "scaled_dot_product_attention"
 _CALLS = ("call_module", "call_function", "call_method")
-_LAYER_OPS = ("linear", "conv1d", "conv2d", "layer_norm")
+_LAYER_OPS = ("linear", "conv1d", "conv2d", "layer_norm", "embedding")
 
 # op -> [(arg index, role, channel_axis, block_axis)] for function-like nodes.
 _ARG_ROLES: dict[str, list[tuple[int, str, int, int]]] = {
@@ -58,6 +58,7 @@ _ARG_ROLES: dict[str, list[tuple[int, str, int, int]]] = {
     "matmul": [(0, "data_in", -1, -1), (1, "weight", -1, -2)],
     "bmm": [(0, "data_in", -1, -1), (1, "weight", -1, -2)],
     "layer_norm": [(0, "data_in", -1, -1), (2, "weight", -1, -1), (3, "bias", -1, -1)],
+    "embedding": [(1, "weight", 0, -1)],
     **{op: [(0, "data_in", -1, -1)] for op in ("relu", "gelu", "softmax", *FFT_OPS)},
 }
 
@@ -287,8 +288,8 @@ def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[Fo
                                      f"{op!r}; quantizable layers: {[c.__name__ for c in QUANTIZED_LAYERS]}. "
                                      "Exclude it with by='name'/'regex' or a name entry with name None")
                 rw.swaps[name] = lambda m, c=cfg: build_quantized_layer(m, c)
-                paths = {r: f"{name}.{r}_quantizer" for r in cfg.role_names
-                         if not (r == "bias" and getattr(module, "bias", None) is None)}
+                paths = {r: f"{name}.{r}_quantizer" for r in cfg.role_names if r in layer_roles(module)
+                         and not (r == "bias" and getattr(module, "bias", None) is None)}
                 pending_records.append((node.name, op, cfg.format, cfg.to_json(), rule, paths))
                 by_op[op] = by_op.get(op, 0) + 1
                 continue

@@ -1,11 +1,17 @@
 """afno_real_arithmetic_transform_pass: complex multiplies between the FFTs become real tensor ops.
 
 Inductor does not generate code for complex tensors, so ``torch.compile`` of the AFNO mixer falls back
-to eager for ``rfft(x) * rfft(k)`` and fuses nothing around it. This pass rewrites every complex x complex
-``mul`` node into real arithmetic on the stacked (real, imag) parts::
+to eager for ``rfft(x) * rfft(k)`` and fuses nothing around it; worse, autograd through ``rfft`` and
+``irfft`` runs full-length complex FFTs and complex zero-fills / slice-scatters, all eager fallbacks.
+This pass rewrites
 
-    ra, rb = view_as_real(a), view_as_real(b)
-    out = view_as_complex(stack([ar*br - ai*bi, ar*bi + ai*br], -1))
+* an FFT convolution ``irfft(rfft(a, n, d) * rfft(b, n, d), n, d)`` (AFNO's causal token mixing) into
+  one call of :func:`fft_conv`: real-arithmetic spectral product, backward = circular correlation
+  (one rfft and two irffts, no complex copies);
+* every other complex x complex ``mul`` into real arithmetic on the stacked (real, imag) parts::
+
+      ra, rb = view_as_real(a), view_as_real(b)
+      out = view_as_complex(stack([ar*br - ai*bi, ar*bi + ai*br], -1))
 
 so the only complex *computations* left are the FFTs (``view_as_real`` / ``view_as_complex`` are free
 views). Contract: outputs within 1e-5 and gradients unchanged (same arithmetic, reassociated).
@@ -14,6 +20,7 @@ views). Contract: outputs within 1e-5 and gradients unchanged (same arithmetic, 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +32,7 @@ from ...graph.metadata import get_meta, has_meta
 from ..base import NoArgs, forge_pass
 from ..contract import NumericalContract, PassInfo
 from ..rewrite import GraphRewrite
+from .fft_conv import fft_conv
 
 # Ops with complex results that compute nothing (views, layout) or are the FFTs themselves.
 COMPLEX_VIEWS: frozenset[str] = frozenset({
@@ -50,9 +58,11 @@ def complex_compute_ops(gm: fx.GraphModule) -> list[str]:
 
 @dataclass(frozen=True)
 class AfnoRealInfo(PassInfo):
-    """rewritten: complex multiplies turned real; complex_ops_before / after: what still computes on complex."""
+    """rewritten: complex multiplies turned real; fft_convs: of them, FFT convolutions fused into
+    :func:`fft_conv`; complex_ops_before / after: what still computes on complex (graph level)."""
 
     rewritten: int = 0
+    fft_convs: int = 0
     complex_ops_before: tuple[str, ...] = ()
     complex_ops_after: tuple[str, ...] = ()
 
@@ -71,19 +81,65 @@ def _real_mul(rw: GraphRewrite, node: fx.Node) -> fx.Node:
     return call(torch.view_as_complex, call(torch.stack, [re, im], -1))
 
 
+_FFT_PARAMS = ("input", "n", "dim", "norm")
+
+
+def _fft_params(node: fx.Node, gm: fx.GraphModule, op: str) -> dict[str, object] | None:
+    """``input, n, dim, norm`` of a ``torch.fft.<op>`` / ``aten.fft_<op>`` call (dim counted from the end)."""
+    if node.op != "call_function" or classify(node, gm)[1] != op or len(node.args) > len(_FFT_PARAMS) \
+            or not set(node.kwargs) <= set(_FFT_PARAMS):
+        return None
+    params: dict[str, object] = {"n": None, "dim": -1, "norm": None, **dict(zip(_FFT_PARAMS, node.args)),
+                                 **node.kwargs}
+    shape = get_meta(node).common.results["data_out_0"].shape if has_meta(node) else None
+    dim = params["dim"]
+    if not isinstance(dim, int) or shape is None or params["n"] is None or params["norm"] not in (None, "backward"):
+        return None
+    params["dim"] = dim - len(shape) if dim >= 0 else dim
+    return params
+
+
+def _fft_conv_pattern(node: fx.Node, gm: fx.GraphModule) -> list[fx.Node] | None:
+    """``[rfft_a, rfft_b, mul, irfft]`` (graph order) when ``node`` is the product of an FFT convolution
+    whose spectra nothing else reads."""
+    spectra = [_fft_params(a, gm, "fft_rfft") if isinstance(a, fx.Node) else None for a in node.args]
+    users = list(node.users)
+    inverse = _fft_params(users[0], gm, "fft_irfft") if len(users) == 1 else None
+    if inverse is None or inverse["input"] is not node or any(s is None for s in spectra):
+        return None
+    if any(len(a.users) != 1 or s["n"] != inverse["n"] or s["dim"] != inverse["dim"]  # type: ignore[index]
+           for a, s in zip(node.args, spectra)):
+        return None
+    return sorted([*node.args, node, users[0]], key=list(gm.graph.nodes).index)  # type: ignore[list-item]
+
+
+def _fused_conv(pattern: list[fx.Node], gm: fx.GraphModule) -> Callable[[GraphRewrite, fx.Node], fx.Node]:
+    mul, irfft = pattern[-2], pattern[-1]
+    a, b = (_fft_params(s, gm, "fft_rfft")["input"] for s in mul.args)  # type: ignore[union-attr, index]
+    inverse = _fft_params(irfft, gm, "fft_irfft")
+    assert inverse is not None
+    return lambda rw, last: rw.call_function(fft_conv, (a, b, inverse["n"], inverse["dim"]), before=last)
+
+
 @forge_pass("transform", NoArgs, info=AfnoRealInfo, requires=("shapes",),
             contract=NumericalContract("exact", atol=1e-5, rtol=1e-5, note="outputs and gradients"))
 def afno_real_arithmetic_transform_pass(graph: ForgeGraph, args: NoArgs) -> tuple[ForgeGraph, AfnoRealInfo]:
-    """Rewrite complex x complex multiplies (AFNO's FFT-domain products) into real ops on (real, imag) pairs."""
+    """Rewrite complex x complex multiplies (AFNO's FFT-domain products) into real ops on (real, imag) pairs;
+    whole FFT convolutions into :func:`fft_conv`."""
     gm = graph.model
     before = tuple(complex_compute_ops(gm))
-    rewritten = 0
+    rewritten = convs = 0
     for node in list(gm.graph.nodes):
         if classify(node, gm)[1] != "mul" or node.kwargs or len(node.args) != 2 \
                 or not all(is_complex(a) for a in node.args):
             continue
+        pattern = _fft_conv_pattern(node, gm)
         with GraphRewrite(gm) as rw:
-            rw.bypass(node, _real_mul(rw, node))
+            if pattern is not None:
+                rw.replace_pattern(pattern, _fused_conv(pattern, gm))
+                convs += 1
+            else:
+                rw.bypass(node, _real_mul(rw, node))
         rewritten += 1
-    return graph, AfnoRealInfo(rewritten=rewritten, complex_ops_before=before,
+    return graph, AfnoRealInfo(rewritten=rewritten, fft_convs=convs, complex_ops_before=before,
                                complex_ops_after=tuple(complex_compute_ops(gm)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import optuna
@@ -47,7 +48,10 @@ def _search(mg: ForgeGraph, task: TensorTask, tmp: Path, **kw: object) -> Search
 def test_trials_start_from_fresh_copies_and_results_rebuild(setup, tmp_path: Path) -> None:
     mg, task = setup
     before = {k: v.clone() for k, v in mg.model.state_dict().items()}
-    result = _search(mg, task, tmp_path, constraints=[Constraint("accuracy", max_drop=0.5)]).run()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # no deprecated Optuna API (constraints_func)
+        result = _search(mg, task, tmp_path, constraints=[Constraint("accuracy", max_drop=0.5)],
+                         sampler="nsga2").run()
     assert not any(type(m).__name__.startswith("Quantized") for m in mg.model.modules())  # base untouched
     assert all(torch.equal(before[k], v) for k, v in mg.model.state_dict().items())
     assert mg.history == []
@@ -56,6 +60,7 @@ def test_trials_start_from_fresh_copies_and_results_rebuild(setup, tmp_path: Pat
     for t in done:  # every trial quantized both layers with its own widths, on a fresh copy
         bits = trial_result(t)["values"]["avg_weight_bits"]
         assert bits < 32.0
+        assert list(t.constraints.values()) == trial_result(t)["constraints"]  # what the sampler sees
     front = result.front()
     assert front and all(r["feasible"] for r in result.rows())
     rebuilt = result.rebuild(front[0])
@@ -116,3 +121,23 @@ def test_single_objective_with_tpe_and_plots(setup, tmp_path: Path) -> None:
     html = (tmp_path / "plots" / "optimization_history.html").read_text()
     assert "<script src=\"http" not in html and len(html) > 100_000  # plotly inlined: opens offline
     assert optuna.trial.TrialState.COMPLETE in {t.state for t in result.study.trials}
+
+
+def test_enqueued_configurations_run_first_once_and_are_checked(setup, tmp_path: Path) -> None:
+    mg, task = setup
+    space = MixedPrecisionSpace({"integer": {"width": [4, 8], "frac_width": [2, 6]}}, roles=("weight",))
+    hand = {"linear:integer:weight_width": 8, "linear:integer:weight_frac_width": 6}
+    first = _search(mg, task, tmp_path, space=space, n_trials=2, enqueue=[hand]).run()
+    assert first.study.trials[0].params == hand
+    resumed = _search(mg, task, tmp_path, space=space, n_trials=4, enqueue=[hand], resume=True).run()
+    assert len(resumed.completed()) == 4  # on resume the hand-picked trial is not enqueued (or evaluated) again
+    assert [t.number for t in resumed.study.trials if t.params == hand and "cached_from" not in trial_result(t)] == [0]
+    with pytest.raises(SearchError, match=r"samples no parameter\(s\) \['linear:integer:bias_width'\]"):
+        _search(mg, task, tmp_path, space=space, enqueue=[{**hand, "linear:integer:bias_width": 8}])
+    with pytest.raises(SearchError, match="does not fit the space"):
+        _search(mg, task, tmp_path, space=space, enqueue=[{**hand, "linear:integer:weight_width": 6}])
+    with pytest.raises(SearchError, match="does not fit the space"):
+        _search(mg, task, tmp_path, space=space, enqueue=[{"linear:integer:weight_width": 8}])
+    with pytest.raises(SearchError, match="invalid combination"):
+        _search(mg, task, tmp_path, space=space, enqueue=[{"linear:integer:weight_width": 4,
+                                                           "linear:integer:weight_frac_width": 6}])

@@ -91,3 +91,21 @@ def test_joint_space_orders_steps_and_round_trips_its_spec() -> None:
         space_from_spec({"kind": "lora", "rnak": [4]})
     with pytest.raises(SearchError, match=r"sparsity choices must be in \[0, 1\)"):
         PruningSpace([1.0])
+
+
+def test_pruning_space_granularity_per_group() -> None:
+    groups = {"ffn": {"regex": [r".*intermediate\.dense"]}, "heads": {"regex": [r".*self\.(query|key|value)"]}}
+    space = PruningSpace([0.0, 0.5], groups=groups, granularity={"ffn": "ffn", "heads": "head"}, shrink=True)
+    plan = space.suggest(_trial({"sparsity:ffn": 0.5, "sparsity:heads": 0.5}))
+    assert [(n, a["weight"]["granularity"]) for n, a in plan.steps if n == "prune_transform_pass"] == \
+        [("prune_transform_pass", "ffn"), ("prune_transform_pass", "head")]
+    assert plan.steps[-1][0] == "shrink_transform_pass"
+    dense = space.suggest(_trial({"sparsity:ffn": 0.0, "sparsity:heads": 0.0}))
+    assert dense.steps == ()
+    assert space_from_spec(space.to_spec()).to_spec() == space.to_spec()
+    with pytest.raises(SearchError, match=r"unknown group\(s\) \['attn'\], missing \['heads'\]"):
+        PruningSpace([0.5], groups=groups, granularity={"ffn": "ffn", "attn": "head"})
+    with pytest.raises(SearchError, match="granularity must be one of"):
+        PruningSpace([0.5], groups=groups, granularity={"ffn": "ffn", "heads": "heads"})
+    with pytest.raises(SearchError, match="shrink needs a structured granularity"):
+        PruningSpace([0.5], groups=groups, granularity={"ffn": "ffn", "heads": "elementwise"}, shrink=True)

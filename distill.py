@@ -1,0 +1,79 @@
+"""Knowledge distillation for fine-tuning: the student's loss mixes the labels' cross-entropy with the
+KL divergence to a frozen teacher's softened logits (Hinton et al.), the usual way to recover a pruned or
+quantized model from few labelled examples.
+
+:class:`DistillationModel` wraps the student so any trainer (the HF Trainer of ``get_trainer``) trains it
+unchanged: in training mode with labels it replaces the output's ``loss``; in eval mode it is the student.
+The teacher is held outside the module tree, so its parameters are neither trained nor saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["DistillConfig", "DistillationModel", "distillation_loss"]
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """``alpha``: weight of the labels' cross-entropy (1 - alpha on the teacher); ``temperature`` > 0."""
+
+    alpha: float = 0.5
+    temperature: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"distillation alpha must be in [0, 1], got {self.alpha}")
+        if not self.temperature > 0:
+            raise ValueError(f"distillation temperature must be > 0, got {self.temperature}")
+
+
+def _logits(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, dict) and "logits" in output:
+        return output["logits"]
+    raise TypeError(f"distillation needs logits; the model returned {type(output).__name__}")
+
+
+def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) of the temperature-softened distributions, scaled by T^2 (gradient size kept)."""
+    t = float(temperature)
+    return F.kl_div(F.log_softmax(student / t, -1), F.log_softmax(teacher / t, -1), log_target=True,
+                    reduction="batchmean") * t * t
+
+
+class DistillationModel(nn.Module):
+    """The student, trained with ``alpha * CE(labels) + (1 - alpha) * T^2 * KL(teacher || student)``."""
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, config: DistillConfig | None = None) -> None:
+        super().__init__()
+        self.student = student
+        self._teacher = (teacher.eval(),)  # a tuple: not a submodule (not trained, not in the state dict)
+        self.distill_config = config or DistillConfig()
+
+    @property
+    def teacher(self) -> nn.Module:
+        return self._teacher[0]
+
+    def forward(self, **inputs: Any) -> Any:
+        out = self.student(**inputs)
+        if not self.training or inputs.get("labels") is None:
+            return out
+        loss = out["loss"] if isinstance(out, dict) or hasattr(out, "keys") else None
+        if loss is None:
+            raise TypeError("distillation needs a student that returns a loss when given labels")
+        with torch.no_grad():
+            teacher_logits = _logits(self.teacher(**inputs)).detach()
+        kd = distillation_loss(_logits(out), teacher_logits, self.distill_config.temperature)
+        out["loss"] = self.distill_config.alpha * loss + (1.0 - self.distill_config.alpha) * kd
+        return out
