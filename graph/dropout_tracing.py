@@ -61,6 +61,16 @@ def _dropout_fake(input: Tensor, p: float) -> Tensor:
 
 DROPOUT_OPS = (torch.ops.fxforge.dropout.default,)
 SDPA_OPS = (torch.ops.fxforge.sdpa_dropout.default,)
+# Matched by qualified name too: torch may hand out new OpOverload objects for the same op later (a
+# namespace refreshed after another library registers), and identity checks then miss the stand-ins.
+_NAMES = {"fxforge::dropout": "dropout", "fxforge::sdpa_dropout": "sdpa"}
+
+
+def stand_in_kind(target: Any) -> str | None:
+    """``"dropout"`` / ``"sdpa"`` for a capture stand-in op (any OpOverload object of it), else None."""
+    if isinstance(target, torch._ops.OpOverload):
+        return _NAMES.get(target.name())
+    return None
 
 
 def bind_sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

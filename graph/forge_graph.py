@@ -47,7 +47,7 @@ class PassRecord:
 
 
 # torch-owned node.meta entries that are immutable values (fake tensors, tensor metadata): kept as they are.
-_SHARED_META = frozenset({"val", "example_value", "tensor_meta", "unbacked_bindings"})
+_SHARED_META = frozenset({"val", "example_value", "tensor_meta", "unbacked_bindings", "eager_input_vals"})
 
 
 def _copy_meta_value(key: str, value: Any) -> Any:

@@ -25,7 +25,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .dropout_tracing import DROPOUT_OPS, SDPA_OPS, bind_sdpa
+from .dropout_tracing import DROPOUT_OPS, SDPA_OPS, bind_sdpa, stand_in_kind
 from .modules import ScaledDotProductAttention
 from .normalize_hf import conv1d_linear, inline_regions
 
@@ -319,9 +319,9 @@ def normalize(gm: fx.GraphModule, model: nn.Module, notes: list[str] | None = No
             _lift_layer(gm, model, node, kept)
         elif node.op == "call_function" and node.target == _ADDMM:
             _lift_conv1d(gm, model, node, conv1d)
-        elif node.op == "call_function" and node.target in _DROPOUTS:
+        elif node.op == "call_function" and (node.target in _DROPOUTS or stand_in_kind(node.target) == "dropout"):
             _lift_dropout(gm, model, node)
-        elif node.op == "call_function" and node.target in _SDPA:
+        elif node.op == "call_function" and (node.target in _SDPA or stand_in_kind(node.target) == "sdpa"):
             _lift_sdpa(gm, model, node)
         elif node.op == "call_function":
             _lift_activation(gm, model, node, sizes, kept)
