@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = sorted(front, key=lambda t: t.values[1])[: args.export]  # the smallest feasible points
     paths = result.export(run / "pareto", chosen)  # rebuilt from their parameters (fine-tune replayed)
     print(f"exported: {[str(p) for p in paths]}")
-    remeasure(base, task, paths, [t.values[0] for t in chosen])
+    if paths:
+        remeasure(base, task, paths, [t.values[0] for t in chosen])
     return 0
 
 
