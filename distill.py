@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["DistillConfig", "DistillationModel", "distillation_loss"]
+__all__ = ["DistillConfig", "DistillationModel", "distillation_loss", "logits_of"]
 
 
 @dataclass(frozen=True)
@@ -33,14 +33,17 @@ class DistillConfig:
             raise ValueError(f"distillation temperature must be > 0, got {self.temperature}")
 
 
-def _logits(output: Any) -> torch.Tensor:
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits of a model output (HF ModelOutput, dict, tuple or tensor); TypeError when there are none."""
     if isinstance(output, torch.Tensor):
         return output
     if hasattr(output, "logits"):
         return output.logits
     if isinstance(output, dict) and "logits" in output:
         return output["logits"]
-    raise TypeError(f"distillation needs logits; the model returned {type(output).__name__}")
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(f"cannot find logits in a model output of type {type(output).__name__}")
 
 
 def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -73,7 +76,7 @@ class DistillationModel(nn.Module):
         if loss is None:
             raise TypeError("distillation needs a student that returns a loss when given labels")
         with torch.no_grad():
-            teacher_logits = _logits(self.teacher(**inputs)).detach()
-        kd = distillation_loss(_logits(out), teacher_logits, self.distill_config.temperature)
+            teacher_logits = logits_of(self.teacher(**inputs)).detach()
+        kd = distillation_loss(logits_of(out), teacher_logits, self.distill_config.temperature)
         out["loss"] = self.distill_config.alpha * loss + (1.0 - self.distill_config.alpha) * kd
         return out

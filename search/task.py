@@ -29,15 +29,12 @@ Batch = tuple[dict[str, torch.Tensor], torch.Tensor]  # (model keyword inputs, l
 
 def logits_of(output: Any) -> torch.Tensor:
     """The logits of a model output (HF ModelOutput, dict, tuple or tensor)."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if hasattr(output, "logits"):
-        return output.logits
-    if isinstance(output, Mapping) and "logits" in output:
-        return output["logits"]
-    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise SearchError(f"cannot find logits in a model output of type {type(output).__name__}")
+    from ..distill import logits_of as find
+
+    try:
+        return find(output)
+    except TypeError as exc:
+        raise SearchError(str(exc)) from None
 
 
 def with_labels(model: torch.nn.Module, inputs: Mapping[str, Any], labels: torch.Tensor) -> dict[str, Any]:

@@ -59,8 +59,10 @@ class _QuantizedLayer:
 
     def _adopt(self, layer: nn.Module) -> Any:
         """Take ``layer``'s parameters (shared) and mode; quantizers are rebuilt on its device."""
-        self.weight, self.bias = layer.weight, layer.bias  # type: ignore[attr-defined]
-        self._init_quantizers(self.quant, None, layer.bias is not None)  # type: ignore[attr-defined]
+        self.weight = layer.weight  # type: ignore[attr-defined]
+        if hasattr(layer, "bias"):  # an embedding has none
+            self.bias = layer.bias  # type: ignore[attr-defined]
+        self._init_quantizers(self.quant, None, getattr(layer, "bias", None) is not None)  # type: ignore[attr-defined]
         device = next((p.device for p in layer.parameters()), torch.device("cpu"))
         for q in self.quantizers().values():
             q.to(device)
@@ -183,12 +185,7 @@ class QuantizedEmbedding(_QuantizedLayer, nn.Embedding):
     def from_float(cls, layer: nn.Embedding, quant: OpQuantConfig) -> QuantizedEmbedding:
         with torch.device("meta"):
             new = cls(**_embedding_config(layer), quant=quant)
-        new.weight = layer.weight
-        new._init_quantizers(new.quant, None, False)
-        for q in new.quantizers().values():
-            q.to(layer.weight.device)
-        new.train(layer.training)
-        return new
+        return new._adopt(layer)
 
     def _row_local(self, q: Quantize) -> bool:
         return self.max_norm is None and (not q.fmt.scaled or q.per_channel)
