@@ -59,10 +59,8 @@ def _dropout_fake(input: Tensor, p: float) -> Tensor:
     return torch.empty_like(input)
 
 
-DROPOUT_OPS = (torch.ops.fxforge.dropout.default,)
-SDPA_OPS = (torch.ops.fxforge.sdpa_dropout.default,)
-# Matched by qualified name too: torch may hand out new OpOverload objects for the same op later (a
-# namespace refreshed after another library registers), and identity checks then miss the stand-ins.
+# Matched by qualified name, not OpOverload identity: a re-registered op (e.g. a second import of the package)
+# gets new OpOverload objects, and identity checks would then miss the stand-ins and leave dropout on.
 _NAMES = {"fxforge::dropout": "dropout", "fxforge::sdpa_dropout": "sdpa"}
 
 

@@ -25,7 +25,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .dropout_tracing import DROPOUT_OPS, SDPA_OPS, bind_sdpa, stand_in_kind
+from .dropout_tracing import bind_sdpa, stand_in_kind
 from .modules import ScaledDotProductAttention
 from .normalize_hf import conv1d_linear, inline_regions
 
@@ -62,8 +62,8 @@ _LIFTS: dict[Any, _LiftSpec] = {
 }
 _BATCH_NORM = aten.batch_norm.default
 _ADDMM = aten.addmm.default
-_DROPOUTS = {aten.dropout.default, aten.dropout_.default, F.dropout, torch.dropout, *DROPOUT_OPS}
-_SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention, *SDPA_OPS}
+_DROPOUTS = {aten.dropout.default, aten.dropout_.default, F.dropout, torch.dropout}
+_SDPA = {aten.scaled_dot_product_attention.default, F.scaled_dot_product_attention}
 _DROPPED = {aten._assert_tensor_metadata.default}
 # Parameter-free single-input modules: fx keeps them as call_module, export inlines them.
 _ACTIVATIONS: tuple[type[nn.Module], ...] = (

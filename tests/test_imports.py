@@ -128,3 +128,29 @@ def test_importing_fxforge_does_not_import_triton() -> None:
     code = "import sys, fxforge, fxforge.passes, fxforge.kernels; print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_the_package_is_imported_once_under_its_own_name() -> None:
+    """pytest must not import the repository root a second time under the checkout directory's name (a second
+    fxforge re-registers its custom ops and checkpoint targets; tests/pytest.ini keeps the rootdir in tests/)."""
+    import sys
+
+    def in_package(mod: object) -> bool:
+        path = Path(str(getattr(mod, "__file__", None) or "/"))  # torch.ops & co. have relative pseudo-paths
+        if not path.is_absolute() or not path.resolve().is_relative_to(ROOT):
+            return False
+        return path.resolve().relative_to(ROOT).parts[0] not in SKIP_DIRS
+
+    copies = sorted(name for name, mod in list(sys.modules.items())
+                    if not (name == "fxforge" or name.startswith("fxforge.")) and in_package(mod))
+    assert not copies, f"a second copy of the package is imported: {copies[:5]}"
+
+
+def test_capture_stand_in_ops_are_recognised_by_name() -> None:
+    import torch
+
+    from fxforge.graph.dropout_tracing import stand_in_kind
+
+    assert stand_in_kind(torch.ops.fxforge.dropout.default) == "dropout"
+    assert stand_in_kind(torch.ops.fxforge.sdpa_dropout.default) == "sdpa"
+    assert stand_in_kind(torch.ops.aten.dropout.default) is None and stand_in_kind(print) is None
