@@ -366,11 +366,8 @@ def get_trainer(
         teacher = teacher.model if isinstance(teacher, ForgeGraph) else teacher
         if not isinstance(teacher, nn.Module):
             raise TypeError(f"teacher must be a torch.nn.Module or ForgeGraph, got {type(teacher).__name__}")
-        unknown = sorted(set(distill or {}) - {"alpha", "temperature"})
-        if unknown:
-            raise ValueError(f"unknown distill key(s) {unknown}; allowed: ['alpha', 'temperature']")
         wrapped = CapturedModelAdapter(teacher) if isinstance(teacher, torch.fx.GraphModule) else teacher
-        trainer_model = DistillationModel(trainer_model, wrapped, DistillConfig(**dict(distill or {})))
+        trainer_model = DistillationModel(trainer_model, wrapped, DistillConfig.from_mapping(distill))
     batch_sizes = {"per_device_train_batch_size": per_device_train_batch_size,
                    "per_device_eval_batch_size": per_device_eval_batch_size}
     for name, value in batch_sizes.items():

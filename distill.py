@@ -9,7 +9,8 @@ The teacher is held outside the module tree, so its parameters are neither train
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -31,6 +32,16 @@ class DistillConfig:
             raise ValueError(f"distillation alpha must be in [0, 1], got {self.alpha}")
         if not self.temperature > 0:
             raise ValueError(f"distillation temperature must be > 0, got {self.temperature}")
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any] | None) -> DistillConfig:
+        """Settings by name (a copy is read); an unknown key is an error naming the allowed ones."""
+        settings = dict(settings or {})
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(settings) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown distill key(s) {unknown}; allowed: {allowed}")
+        return cls(**settings)
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -72,7 +83,7 @@ class DistillationModel(nn.Module):
         out = self.student(**inputs)
         if not self.training or inputs.get("labels") is None:
             return out
-        loss = out["loss"] if isinstance(out, dict) or hasattr(out, "keys") else None
+        loss = out.get("loss") if isinstance(out, Mapping) else None  # HF ModelOutput is a Mapping
         if loss is None:
             raise TypeError("distillation needs a student that returns a loss when given labels")
         with torch.no_grad():

@@ -39,11 +39,9 @@ class _QuantizedLayer:
         for role, attr in ROLE_ATTRS.items():
             spec = self.quant.role(role)
             module: Quantize | None = None
-            if role not in self.ROLES:
-                pass
-            elif quantizers is not None and role in quantizers:
+            if role in self.ROLES and quantizers is not None and role in quantizers:
                 module = Quantize.from_config(quantizers[role])
-            elif spec is not None and (role != "bias" or has_bias):
+            elif role in self.ROLES and spec is not None and (role != "bias" or has_bias):
                 channel, block = self.AXES[role]
                 module = Quantize(spec, role, is_param=role in ("weight", "bias"), channel_axis=channel,
                                   block_axis=block)
@@ -56,6 +54,15 @@ class _QuantizedLayer:
     def _q(self, role: str, x: torch.Tensor | None) -> torch.Tensor | None:
         q = getattr(self, ROLE_ATTRS[role])
         return x if q is None or x is None else q(x)
+
+    @classmethod
+    def from_float(cls, layer: nn.Module, quant: OpQuantConfig) -> Any:
+        """The quantized twin of ``layer``: built on the meta device from the float layer's constructor config
+        (the one checkpoints store), then taking its parameters."""
+        config = {k: tuple(v) if isinstance(v, list) else v for k, v in _FLOAT_CONFIGS[cls](layer).items()}
+        with torch.device("meta"):
+            new = cls(**config, quant=quant)  # type: ignore[call-arg]
+        return new._adopt(layer)
 
     def _adopt(self, layer: nn.Module) -> Any:
         """Take ``layer``'s parameters (shared) and mode; quantizers are rebuilt on its device."""
@@ -84,12 +91,6 @@ class QuantizedLinear(_QuantizedLayer, nn.Linear):
             raise ValueError("QuantizedLinear needs a quantization config")
         self._init_quantizers(quant, quantizers, bias)
 
-    @classmethod
-    def from_float(cls, layer: nn.Linear, quant: OpQuantConfig) -> QuantizedLinear:
-        with torch.device("meta"):
-            new = cls(layer.in_features, layer.out_features, layer.bias is not None, quant)
-        return new._adopt(layer)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(self._q("data_in", x), self._q("weight", self.weight), self._q("bias", self.bias))
         return self._q("data_out", y)
@@ -105,13 +106,6 @@ class _QuantizedConv(_QuantizedLayer):
         wq = self._q("weight", w.flatten(1))
         y = self._conv_forward(self._q("data_in", x), wq.view_as(w), self._q("bias", self.bias))  # type: ignore
         return self._q("data_out", y)
-
-    @classmethod
-    def from_float(cls, layer: nn.Module, quant: OpQuantConfig) -> nn.Module:
-        config = _conv_config(layer)
-        with torch.device("meta"):
-            new = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}, quant=quant)
-        return new._adopt(layer)
 
 
 class QuantizedConv1d(_QuantizedConv, nn.Conv1d):
@@ -149,12 +143,6 @@ class QuantizedLayerNorm(_QuantizedLayer, nn.LayerNorm):
             raise ValueError("QuantizedLayerNorm needs a quantization config")
         self._init_quantizers(quant, quantizers, self.bias is not None)
 
-    @classmethod
-    def from_float(cls, layer: nn.LayerNorm, quant: OpQuantConfig) -> QuantizedLayerNorm:
-        with torch.device("meta"):
-            new = cls(layer.normalized_shape, layer.eps, layer.elementwise_affine, layer.bias is not None, quant)
-        return new._adopt(layer)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.layer_norm(self._q("data_in", x), self.normalized_shape, self._q("weight", self.weight),
                          self._q("bias", self.bias), self.eps)
@@ -180,12 +168,6 @@ class QuantizedEmbedding(_QuantizedLayer, nn.Embedding):
         if quant is None:
             raise ValueError("QuantizedEmbedding needs a quantization config")
         self._init_quantizers(quant, quantizers, False)
-
-    @classmethod
-    def from_float(cls, layer: nn.Embedding, quant: OpQuantConfig) -> QuantizedEmbedding:
-        with torch.device("meta"):
-            new = cls(**_embedding_config(layer), quant=quant)
-        return new._adopt(layer)
 
     def _row_local(self, q: Quantize) -> bool:
         return self.max_norm is None and (not q.fmt.scaled or q.per_channel)
