@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 # Set before anything imports triton or transformers: kernels run under the interpreter, no hub.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -37,6 +38,21 @@ def make_tiny_bert(num_labels: int = 2) -> nn.Module:
 @pytest.fixture
 def tiny_bert() -> nn.Module:
     return make_tiny_bert()
+
+
+@pytest.fixture(scope="module")
+def bert_graph() -> Any:
+    """The tiny BERT captured with input_ids, attention_mask and labels, in eval mode (one per test module;
+    tests change copies). A module may define its own ``bert_graph`` with other inputs."""
+    from fxforge import ForgeGraph
+
+    return ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask", "labels"]).eval()
+
+
+def logits(mg: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The logits of a graph (or model) on keyword inputs, without autograd."""
+    with torch.no_grad():
+        return mg(**inputs).logits
 
 
 @pytest.fixture(scope="session")

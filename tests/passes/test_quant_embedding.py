@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from conftest import bert_inputs, make_tiny_bert
+from conftest import bert_inputs, logits
 
 from fxforge import ForgeGraph
 from fxforge.passes.quantize import quantize_transform_pass
@@ -17,18 +17,7 @@ from fxforge.passes.quantize.modules import QuantizedEmbedding
 from fxforge.passes.quantize.quantizer import Quantize
 from fxforge.search.objectives import weight_bits
 
-INPUTS = ["input_ids", "attention_mask", "labels"]
 MXINT4 = {"config": {"name": "mxint", "weight_width": 4, "weight_block_size": 32}}
-
-
-@pytest.fixture(scope="module")
-def bert_graph() -> ForgeGraph:
-    return ForgeGraph(make_tiny_bert(), hf_input_names=INPUTS).eval()
-
-
-def _logits(mg: ForgeGraph, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    with torch.no_grad():
-        return mg(**inputs).logits
 
 
 def _embeddings(mg: ForgeGraph) -> list[QuantizedEmbedding]:
@@ -49,8 +38,8 @@ def test_embedding_rule_quantizes_the_tables(bert_graph: ForgeGraph, shape: tupl
     tables = _embeddings(mg)
     assert len(tables) == 3 and all(set(t.quantizers()) == {"weight"} for t in tables)
     inputs = bert_inputs(batch=shape[0], seq=shape[1])
-    ref = _logits(bert_graph, inputs)
-    out = _logits(mg, inputs)
+    ref = logits(bert_graph, inputs)
+    out = logits(mg, inputs)
     assert not torch.equal(out, ref) and (out - ref).abs().max() < 0.5
     # the same graph with float tables whose weights were quantized up front gives the same logits
     manual = bert_graph.copy()
@@ -59,7 +48,7 @@ def test_embedding_rule_quantizes_the_tables(bert_graph: ForgeGraph, shape: tupl
             q = next(t for n, t in mg.model.named_modules() if n == name)
             with torch.no_grad():
                 m.weight.copy_(q.weight_quantizer(q.weight))
-    assert torch.allclose(_logits(manual, inputs), out, atol=1e-6)
+    assert torch.allclose(logits(manual, inputs), out, atol=1e-6)
 
 
 @pytest.mark.parametrize("spec", [
@@ -93,8 +82,8 @@ def test_by_name_and_checkpoint_roundtrip(bert_graph: ForgeGraph, tmp_path: Path
     mg, info = quantize_transform_pass(bert_graph.copy(), {"by": "regex", r".*word_embeddings": MXINT4})
     assert info["by_op"] == {"embedding": 1}
     inputs = bert_inputs(batch=2, seq=9)
-    out = _logits(mg, inputs)
+    out = logits(mg, inputs)
     mg.export(tmp_path / "ckpt")
     back = ForgeGraph.from_checkpoint(tmp_path / "ckpt")
     assert len(_embeddings(back)) == 1
-    assert torch.equal(_logits(back, inputs), out)
+    assert torch.equal(logits(back, inputs), out)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from conftest import bert_inputs, make_gpt, make_tiny_bert
+from conftest import bert_inputs, logits, make_gpt
 
 from fxforge import ForgeGraph
 from fxforge.graph.metadata import get_meta
@@ -37,16 +37,6 @@ def fixed(width: int, frac: int, roles: tuple[str, ...] = ("data_in", "weight", 
     return {"config": cfg}
 
 
-@pytest.fixture(scope="module")
-def bert_graph() -> ForgeGraph:
-    return ForgeGraph(make_tiny_bert(), hf_input_names=INPUTS).eval()
-
-
-def _logits(mg: ForgeGraph, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    with torch.no_grad():
-        return mg(**inputs).logits
-
-
 def _count(mg: ForgeGraph, cls: type[nn.Module]) -> int:
     return sum(isinstance(m, cls) for m in mg.model.modules())
 
@@ -54,14 +44,14 @@ def _count(mg: ForgeGraph, cls: type[nn.Module]) -> int:
 def test_mase_config_by_type_on_bert(bert_graph: ForgeGraph) -> None:
     mg = bert_graph.copy()
     inputs = bert_inputs()
-    ref = _logits(mg, inputs)
+    ref = logits(mg, inputs)
     cfg = {"by": "type", "default": {"config": {"name": None}}, "linear": fixed(16, 12)}
     before = copy.deepcopy(cfg)
     mg, info = quantize_transform_pass(mg, cfg)
     assert cfg == before
     assert info["by_op"] == {"linear": 14} and _count(mg, QuantizedLinear) == 14
     assert not any(type(m) is nn.Linear for m in mg.model.modules())
-    out = _logits(mg, inputs)
+    out = logits(mg, inputs)
     assert (out - ref).abs().max() < 2e-3 and not torch.equal(out, ref)
     node = mg.node("bert_encoder_layer_0_attention_self_query")
     rec = get_meta(node).software.get(QuantizationRecord)
@@ -94,7 +84,7 @@ def test_by_name_and_regex(bert_graph: ForgeGraph) -> None:
 def test_every_op_type_on_bert(bert_graph: ForgeGraph) -> None:
     mg = bert_graph.copy()
     inputs = bert_inputs()
-    ref = _logits(mg, inputs)
+    ref = logits(mg, inputs)
     all_roles = fixed(16, 11, ("data_in", "weight", "bias", "data_out"))
     mg, info = quantize_transform_pass(mg, {"by": "type", "default": all_roles})
     # int64 adds (position ids) are left alone; SDPA covers the attention matmuls and softmax
@@ -102,13 +92,13 @@ def test_every_op_type_on_bert(bert_graph: ForgeGraph) -> None:
     sdpa = mg.model.get_submodule("bert.encoder.layer.0.attention.self.sdpa")
     assert isinstance(sdpa, QuantizedSDPA)
     assert set(sdpa.quantizers()) == {"q", "k", "scores", "softmax_in", "probs", "probs_matmul", "v", "out"}
-    assert (_logits(mg, inputs) - ref).abs().max() < 5e-3
+    assert (logits(mg, inputs) - ref).abs().max() < 5e-3
     # padding stays masked: quantizing the softmax input happens before the mask is added
     mask = inputs["attention_mask"].clone()
     ids = inputs["input_ids"].clone()
     ids[-1, mask[-1] == 0] = 7
     changed = dict(inputs, input_ids=ids)
-    assert torch.equal(_logits(mg, inputs)[-1], _logits(mg, changed)[-1])
+    assert torch.equal(logits(mg, inputs)[-1], logits(mg, changed)[-1])
 
 
 def test_matmul_and_softmax_entries_reach_attention(bert_graph: ForgeGraph) -> None:
@@ -145,7 +135,7 @@ def test_calibration_sets_scales_and_metadata(bert_graph: ForgeGraph) -> None:
     mg, _ = quantize_transform_pass(bert_graph.copy(), cfg)
     inputs = bert_inputs()
     with pytest.raises(RuntimeError, match="not calibrated: run calibrate_transform_pass"):
-        _logits(mg, inputs)
+        logits(mg, inputs)
     data = [bert_inputs(batch=4, seq=9), bert_inputs(batch=2, seq=13)]
     mg, info = calibrate_analysis_pass(mg, {"data": data, "method": "minmax"})
     assert info["batches"] == 2 and info["scales_set"] == 14 and info["unseen"] == 0
@@ -155,8 +145,8 @@ def test_calibration_sets_scales_and_metadata(bert_graph: ForgeGraph) -> None:
     q = mg.model.get_submodule("classifier.data_in_quantizer")
     assert q.calibrated and stats["scale"] == pytest.approx(float(q.scale))
     assert stats["scale"] == pytest.approx((max(stats["max"], 0) - min(stats["min"], 0)) / 255)
-    ref = _logits(bert_graph, inputs)
-    assert (_logits(mg, inputs) - ref).abs().max() < 0.02
+    ref = logits(bert_graph, inputs)
+    assert (logits(mg, inputs) - ref).abs().max() < 0.02
 
     pct, _ = quantize_transform_pass(bert_graph.copy(), cfg)
     pct, _ = calibrate_analysis_pass(pct, {"data": data, "method": "percentile", "percentile": 99.0})
@@ -192,9 +182,9 @@ def test_export_reload_identical(bert_graph: ForgeGraph, tmp_path: Path) -> None
     mg, _ = quantize_transform_pass(bert_graph.copy(), cfg)
     mg, _ = calibrate_analysis_pass(mg, {"data": [bert_inputs()]})
     inputs = bert_inputs(batch=2, seq=7)
-    out = _logits(mg, inputs)
+    out = logits(mg, inputs)
     loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "q"))
-    assert torch.equal(_logits(loaded, inputs), out)
+    assert torch.equal(logits(loaded, inputs), out)
     for name in ("classifier", "bert_encoder_layer_0_attention_self_sdpa", "gelu"):
         for rec_cls in (QuantizationRecord, CalibrationRecord):
             assert get_meta(loaded.node(name)).software.get(rec_cls) == get_meta(mg.node(name)).software.get(rec_cls)
