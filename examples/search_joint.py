@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     result.to_csv(run / "pareto.csv")
     result.to_json(run / "pareto.json")
     result.plots(run / "plots")
-    front = [t for t in result.front() if t.number in {r["trial"] for r in result.rows() if r["feasible"]}]
+    feasible = {r["trial"] for r in result.rows() if r["feasible"]}
+    front = [t for t in result.front() if t.number in feasible]
     chosen = sorted(front, key=lambda t: t.values[1])[: args.export]  # the smallest feasible points
     paths = result.export(run / "pareto", chosen)  # rebuilt from their parameters (fine-tune replayed)
     print(f"exported: {[str(p) for p in paths]}")
