@@ -38,6 +38,14 @@ def base_model(args: argparse.Namespace, ds: Any, tokenizer: Any) -> torch.nn.Mo
 
     from fxforge.models.bert import minilm_for_sequence_classification
 
+    if args.base is not None:  # an fxforge checkpoint of the same classifier (e.g. the search example's)
+        model = minilm_for_sequence_classification()
+        missing, unexpected = model.load_state_dict(ForgeGraph.from_checkpoint(args.base).model.state_dict(),
+                                                    strict=False)
+        if missing or any(not k.endswith(("position_ids", "token_type_ids")) for k in unexpected):
+            raise SystemExit(f"--base {args.base}: not a MiniLM classifier (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
+        return model.eval()
     cache = Path(args.cache_dir) / f"minilm-imdb-{args.train}-{args.length}"
     if (cache / "config.json").is_file():
         return AutoModelForSequenceClassification.from_pretrained(str(cache)).eval()
@@ -88,6 +96,11 @@ def main() -> None:
     parser.add_argument("--distill", type=float, default=None, metavar="ALPHA",
                         help="distil the short fine-tune from the unpruned model (loss: ALPHA * CE + (1 - ALPHA) * KL)")
     parser.add_argument("--rows", default="elementwise,structured,tp", help="which rows to measure")
+    parser.add_argument("--method", default="l1", choices=("l1", "taylor"),
+                        help="structured criterion: l1, or taylor (loss-change estimate per head / FFN unit)")
+    parser.add_argument("--calib", type=int, default=40, help="calibration batches (of 16 reviews) for taylor")
+    parser.add_argument("--base", default=None, help="fxforge checkpoint of the fine-tuned classifier to prune "
+                        "(default: fine-tune on --train reviews, cached)")
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "fxforge" / "prune-example"))
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -109,13 +122,18 @@ def main() -> None:
     if "elementwise" in rows_wanted:
         elementwise_row(base, before, args, ds, tokenizer, test, rows)
     if "structured" in rows_wanted:
-        mg, _ = prune_transform_pass(base.copy(), FFN)
-        mg, _ = prune_transform_pass(mg, HEADS)
+        extra: dict[str, Any] = {}
+        if args.method == "taylor":
+            extra = {"data": batches(ds["train"], tokenizer, 16, limit=16 * args.calib), "num_batches": args.calib}
+        ffn, heads = ({**cfg, "weight": {**cfg["weight"], "method": args.method}, **extra} for cfg in (FFN, HEADS))
+        mg, _ = prune_transform_pass(base.copy(), ffn)
+        mg, _ = prune_transform_pass(mg, heads)
         right_after = accuracy(mg, test)
         small, sinfo = shrink_transform_pass(mg)
         secs = short_finetune(small.model, args, ds, tokenizer, base)
-        rows.append((f"fxforge 50% FFN + 1/3 heads, shrunk ({sinfo.params_after / sinfo.params_before:.2f}x "
-                     "params)", before, right_after, accuracy(small, test), f"ft {secs:.0f} s"))
+        ratio = sinfo.params_after / sinfo.params_before
+        rows.append((f"fxforge {args.method} 50% FFN + 1/3 heads, shrunk ({ratio:.2f}x params)", before,
+                     right_after, accuracy(small, test), f"ft {secs:.0f} s"))
     if "tp" in rows_wanted and not args.no_tp:
         tp_model = torch_pruning_model(base_model(args, ds, tokenizer), {k: v[:2] for k, v in test[0].items()
                                                                             if k != "labels"})

@@ -23,7 +23,7 @@ from ..pipelines import Pipeline
 from .errors import SearchError
 from .objectives import Constraint, Objective, resolve_objectives
 from .space import SearchSpace, TrialPlan
-from .storage import StorageSpec, open_storage
+from .storage import StorageSpec, batched_params, open_storage
 from .task import Task
 
 __all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", "trial_pipeline"]
@@ -246,7 +246,8 @@ class Search:
     def evaluate(self, trial: optuna.Trial) -> list[float]:
         """Sample a plan, reuse an identical finished plan's values, else build, run and measure it."""
         t0 = time.perf_counter()
-        plan = self._bound.suggest(trial)
+        with batched_params(trial):
+            plan = self._bound.suggest(trial)
         key = plan.key()
         trial.set_user_attr(PLAN_ATTR, {"key": key, **plan.to_json()})  # one write: replayable even if we die
         cached = self._cached(trial.study, key)

@@ -24,7 +24,7 @@ from ..select import select_nodes
 from .config import PruneArgs, PruneSection
 from .groups import DependencyGraph, GroupError, analyse_dependencies
 from .modules import PRUNED_LAYERS, is_masked, pruned_from
-from .scores import weight_scores
+from .scores import unit_taylor_scores, weight_scores
 
 __all__ = ["prune_transform_pass", "PruneInfo", "LayerSparsity"]
 
@@ -152,11 +152,15 @@ def _structured_units(sec: PruneSection, dep: DependencyGraph | None, layers: di
 
 
 def _structured_masks(sec: PruneSection, layers: dict[str, nn.Module], units: list[Unit],
-                      scores: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
-    """Row masks (True = prune) from unit scores (local: per group key, global: one threshold over
-    per-element means so wide and narrow layers are on one scale); returns (masks, units pruned)."""
-    scored = [(key, rows, sum(float(scores[p][r].sum()) for p, r in rows), sum(scores[p][r].numel() for p, r in rows))
-              for key, rows in units]
+                      scores: dict[str, torch.Tensor] | list[float]) -> tuple[dict[str, torch.Tensor], int]:
+    """Row masks (True = prune) from unit scores: element scores summed per unit (local: per group key,
+    global: one threshold over per-element means so wide and narrow layers are on one scale), or one
+    score per unit (taylor's loss-change estimates, on one scale already); returns (masks, units pruned)."""
+    if isinstance(scores, list):
+        scored = [(key, rows, s, 1) for (key, rows), s in zip(units, scores, strict=True)]
+    else:
+        scored = [(key, rows, sum(float(scores[p][r].sum()) for p, r in rows),
+                   sum(scores[p][r].numel() for p, r in rows)) for key, rows in units]
     masks = {p: torch.zeros(layer.weight.shape[0], dtype=torch.bool) for p, layer in layers.items()}
     keys = sorted({k for k, _, _, _ in scored}) if sec.scope == "local" else [None]
     pruned = 0
@@ -194,6 +198,7 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
         targets = {"type": ["linear"]}
     layers = _candidates(gm, targets, args.exclude)
     units: list[Unit] = []
+    dep: DependencyGraph | None = None
     if structured:  # head / ffn: only the layers in those groups are wrapped (found before any change)
         dep = analyse_dependencies(gm, graph.example_inputs) if sec.granularity != "row" else None
         layers, units = _structured_units(sec, dep, layers, dict(gm.named_modules()), explicit)
@@ -202,8 +207,13 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
     layers = {p: gm.get_submodule(p) for p in layers}
     units_pruned = units_total = 0
     if sec is not None and sec.sparsity > 0:
-        scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn, args.seed)
+        scores: dict[str, torch.Tensor] | list[float]
+        if sec.method == "taylor" and dep is not None:  # head / ffn: one loss-change estimate per unit
+            scores = unit_taylor_scores(graph, dep, units, args.data, args.num_batches, args.loss_fn)
+        else:
+            scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn, args.seed)
         if sec.granularity == "elementwise":
+            assert isinstance(scores, dict)
             if sec.scope == "global":
                 flat = torch.cat([s.reshape(-1) for s in scores.values()])
                 drop = _lowest(flat, sec.sparsity).split([s.numel() for s in scores.values()])

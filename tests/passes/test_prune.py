@@ -125,6 +125,50 @@ def test_taylor_uses_calibration_batches(bert: ForgeGraph) -> None:
     assert all(p.grad is None for p in mg.model.parameters())
 
 
+def _removal_estimates(bert: ForgeGraph, batches: list[dict[str, torch.Tensor]], consumer: str,
+                       groups: int) -> torch.Tensor:
+    """sum over batches of |sum(a * dL/da)| per unit, a = the consumer Linear's input split in ``groups``
+    (heads) or per feature: the first-order loss change of zeroing the unit, computed from activations."""
+    gm, seen = bert.copy().model.eval(), []
+    layer = gm.get_submodule(consumer)
+
+    def keep(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        inputs[0].retain_grad()
+        seen.append(inputs[0])
+
+    layer.register_forward_hook(keep)
+    total = 0
+    for batch in batches:
+        seen.clear()
+        gm.zero_grad()
+        gm(**batch).loss.backward()
+        a = seen[0]
+        prod = (a * a.grad).sum(tuple(range(a.dim() - 1)))
+        total = total + (prod if groups == 0 else prod.reshape(groups, -1).sum(1)).abs()
+    return total.detach()
+
+
+@pytest.mark.parametrize("gran, producer, consumer, groups", [
+    ("ffn", "bert.encoder.layer.1.intermediate.dense", "bert.encoder.layer.1.output.dense", 0),
+    ("head", "bert.encoder.layer.0.attention.self.value", "bert.encoder.layer.0.attention.output.dense", 4),
+])
+def test_structured_taylor_removes_the_units_whose_removal_costs_least(bert: ForgeGraph, gran: str, producer: str,
+                                                                       consumer: str, groups: int) -> None:
+    """A unit's taylor score is the first-order loss change of removing it (|a * dL/da| summed over what it
+    feeds the next Linear, per batch): the pass keeps exactly the units with the largest estimates."""
+    batches = [bert_inputs(), bert_inputs(batch=2, seq=7)]
+    est = _removal_estimates(bert, batches, consumer, groups)
+    sparsity = 0.5 if gran == "ffn" else 0.25
+    mg, info = prune_transform_pass(bert.copy(), {"weight": {"sparsity": sparsity, "method": "taylor",
+                                                             "granularity": gran}, "data": batches})
+    kept_rows = mg.model.get_submodule(producer).weight_mask.any(1)
+    kept = kept_rows if groups == 0 else kept_rows.reshape(groups, -1).all(1)
+    k = int(round(sparsity * est.numel()))
+    assert int((~kept).sum()) == k
+    assert set(torch.nonzero(~kept).flatten().tolist()) == set(torch.argsort(est)[:k].tolist())
+    assert all(p.grad is None for p in mg.model.parameters())
+
+
 def test_activation_pruning_is_off_by_default_and_masks_inputs(bert: ForgeGraph) -> None:
     x = bert_inputs()
     ref = bert.model(**x)

@@ -36,3 +36,79 @@ def test_postgres_storage_heartbeat_configured(postgres_url: str, tmp_path: Path
     study = optuna.create_study(storage=storage, study_name="pg")
     study.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=2)
     assert len(optuna.load_study(study_name="pg", storage=postgres_url.replace("+psycopg", "+psycopg")).trials) == 2
+
+
+def _sample(trial: optuna.Trial) -> None:
+    trial.suggest_int("layers", 1, 6)
+    trial.suggest_float("lr", 1e-5, 1e-2, log=True)
+    for i in range(3):
+        trial.suggest_categorical(f"bits_{i}", [2, 4, 8])
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "journal"])
+def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pytest.FixtureRequest,
+                                                         tmp_path: Path) -> None:
+    """Parameters sampled inside batched_params reach the storage (one transaction on RDB storages) with
+    the same values and distributions as Optuna's one-by-one writes; a study re-read from the storage
+    shows them; an incompatible distribution is still refused; sampling that raises keeps what it sampled."""
+    from fxforge.search.storage import batched_params
+
+    url = {"postgresql": lambda: request.getfixturevalue("postgres_url"),
+           "sqlite": lambda: f"sqlite:///{tmp_path / 'db.sqlite'}", "journal": lambda: None}[kind]()
+
+    def run(name: str, batched: bool) -> list[optuna.trial.FrozenTrial]:
+        study = optuna.create_study(storage=open_storage(StorageSpec(url), tmp_path), study_name=name,
+                                    sampler=optuna.samplers.RandomSampler(seed=3))
+
+        def objective(trial: optuna.Trial) -> float:
+            if batched:
+                with batched_params(trial):
+                    _sample(trial)
+                assert trial.storage is study._storage
+            else:
+                _sample(trial)
+            return float(trial.params["layers"])
+
+        study.optimize(objective, n_trials=3)
+        return optuna.load_study(study_name=name, storage=open_storage(StorageSpec(url), tmp_path)).trials
+
+    plain, batched = run(f"plain-{kind}", False), run(f"batched-{kind}", True)
+    assert [t.params for t in batched] == [t.params for t in plain]
+    assert [t.distributions for t in batched] == [t.distributions for t in plain]
+    assert len(batched[0].params) == 5
+
+    study = optuna.load_study(study_name=f"batched-{kind}", storage=open_storage(StorageSpec(url), tmp_path))
+    if kind != "journal":  # the five parameters are inserted in one transaction (Optuna alone: five)
+        import sqlalchemy
+
+        engine = study._storage._backend.engine
+        log: list[str] = []
+
+        def statement(conn: object, cursor: object, sql: str, *_: object) -> None:
+            log.append("insert" if sql.lstrip().upper().startswith("INSERT INTO TRIAL_PARAMS") else "other")
+
+        def commit(conn: object) -> None:
+            log.append("commit")
+
+        trial = study.ask()
+        sqlalchemy.event.listen(engine, "before_cursor_execute", statement)
+        sqlalchemy.event.listen(engine, "commit", commit)
+        with batched_params(trial):
+            _sample(trial)
+        sqlalchemy.event.remove(engine, "before_cursor_execute", statement)
+        sqlalchemy.event.remove(engine, "commit", commit)
+        writing = [chunk for chunk in " ".join(log).split("commit") if "insert" in chunk]
+        assert len(writing) == 1 and len(trial.params) == 5
+    trial = study.ask()
+    with pytest.raises(ValueError, match="does not support dynamic value space"):
+        with batched_params(trial):
+            trial.suggest_int("layers", 1, 6)
+            trial.suggest_float("layers_2", 0, 1)
+            trial.suggest_categorical("bits_0", [3, 5])
+    trial = study.ask()
+    with pytest.raises(optuna.TrialPruned):
+        with batched_params(trial):
+            trial.suggest_int("layers", 1, 6)
+            raise optuna.TrialPruned("invalid combination")
+    stored = optuna.load_study(study_name=f"batched-{kind}", storage=open_storage(StorageSpec(url), tmp_path))
+    assert "layers" in stored.trials[-1].params
