@@ -171,6 +171,7 @@ class Search:
         self.run_dir = Path(self.run_dir)
         self._bound = self.space.bind(self.base)
         self._baseline: dict[str, float] = {}
+        self._finished = _Finished(self.n_trials)
         self.enqueue = tuple(self._checked_enqueue(p) for p in self.enqueue)
 
     def _checked_enqueue(self, params: Any) -> dict[str, Any]:
@@ -250,7 +251,7 @@ class Search:
             plan = self._bound.suggest(trial)
         key = plan.key()
         trial.set_user_attr(PLAN_ATTR, {"key": key, **plan.to_json()})  # one write: replayable even if we die
-        cached = self._cached(trial.study, key)
+        cached = self._finished.plans.get(key)
         if cached is not None:
             trial.set_user_attr(RESULT_ATTR, {**trial_result(cached), "cached_from": cached.number})
             _set_constraints(trial, trial_result(cached).get("constraints", []))
@@ -277,13 +278,6 @@ class Search:
         trial.set_user_attr(RESULT_ATTR, result)
         return [values[o.name] for o in self._objectives]
 
-    @staticmethod
-    def _cached(study: optuna.Study, key: str) -> optuna.trial.FrozenTrial | None:
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if trial_plan_key(t) == key:
-                return t
-        return None
-
     def run(self) -> Any:
         """Optimise until the study holds ``n_trials`` finished trials; returns a SearchResult."""
         from .results import SearchResult
@@ -292,16 +286,39 @@ class Search:
         for params in self.enqueue:
             study.enqueue_trial(params, skip_if_exists=True)
         self._baseline = self.baseline(study)
-        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [
-            optuna.study.MaxTrialsCallback(self.n_trials, states=finished)]
+        self._finished = _Finished(self.n_trials)
+        callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [self._finished]
         if self.on_trial is not None:
             callbacks.append(self.on_trial)
-        done = len(study.get_trials(deepcopy=False, states=finished))
+        done = self._finished.refresh(study)
         if done < self.n_trials:
             with _progress(self, study, done) as bar:
                 study.optimize(self.evaluate, n_trials=None, timeout=self.timeout, callbacks=[*callbacks, bar])
         return SearchResult(study, [o.name for o in self._objectives], self._baseline, self)
+
+
+class _Finished:
+    """One read of the study's finished trials after each trial: it stops the study at ``n_trials`` (what
+    Optuna's MaxTrialsCallback does with a read of its own) and refreshes the plan cache the next trial
+    looks up, instead of a third read of the study per trial. With several workers a plan finished
+    elsewhere in the few milliseconds since the read is evaluated again: slower, never wrong."""
+
+    def __init__(self, n_trials: int) -> None:
+        self.n_trials = n_trials
+        self.plans: dict[str, optuna.trial.FrozenTrial] = {}
+
+    def refresh(self, study: optuna.Study) -> int:
+        trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                          optuna.trial.TrialState.PRUNED))
+        for t in trials:
+            key = trial_plan_key(t)
+            if t.state == optuna.trial.TrialState.COMPLETE and key is not None:
+                self.plans.setdefault(key, t)
+        return len(trials)
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self.refresh(study) >= self.n_trials:
+            study.stop()
 
 
 class _progress:
