@@ -247,10 +247,10 @@ class Search:
     def evaluate(self, trial: optuna.Trial) -> list[float]:
         """Sample a plan, reuse an identical finished plan's values, else build, run and measure it."""
         t0 = time.perf_counter()
-        with batched_params(trial):
+        with batched_params(trial):  # parameters and plan in one write, before any work: replayable if we die
             plan = self._bound.suggest(trial)
-        key = plan.key()
-        trial.set_user_attr(PLAN_ATTR, {"key": key, **plan.to_json()})  # one write: replayable even if we die
+            key = plan.key()
+            trial.set_user_attr(PLAN_ATTR, {"key": key, **plan.to_json()})
         cached = self._finished.plans.get(key)
         if cached is not None:
             trial.set_user_attr(RESULT_ATTR, {**trial_result(cached), "cached_from": cached.number})

@@ -78,25 +78,30 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
 
 
 class _ParamBuffer:
-    """Stands in for a trial's storage while it samples: parameter writes are collected, the rest passes."""
+    """Stands in for a trial's storage while it samples: parameter and user-attribute writes are
+    collected, everything else passes through."""
 
     def __init__(self, storage: optuna.storages.BaseStorage) -> None:
         self._storage = storage
         self.pending: list[tuple[int, str, float, optuna.distributions.BaseDistribution]] = []
+        self.attrs: list[tuple[int, str, Any]] = []
 
     def set_trial_param(self, trial_id: int, name: str, value: float,
                         distribution: optuna.distributions.BaseDistribution) -> None:
         self.pending.append((trial_id, name, value, distribution))
 
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self.attrs.append((trial_id, key, value))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._storage, name)
 
 
-def _write_params(storage: optuna.storages.BaseStorage, pending: list[Any]) -> None:
-    """One database transaction for a trial's parameters where the storage allows it: Optuna's RDB storage
-    behind its cache otherwise commits each parameter on its own (16 parameters: 16 transactions, and a
-    re-read of the trial row for each, the largest per-trial cost on PostgreSQL). Any other storage (or
-    an Optuna whose internals differ) gets the writes one by one, exactly as Optuna would make them."""
+def _write_params(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> None:
+    """One database transaction for a trial's parameters (and user attributes) where the storage allows
+    it: Optuna's RDB storage behind its cache otherwise commits each on its own (16 parameters: 16
+    transactions, and a re-read of the trial row for each, the largest per-trial cost on PostgreSQL). Any
+    other storage (or an Optuna whose internals differ) gets the writes one by one, as Optuna makes them."""
     backend = getattr(storage, "_backend", None)
     studies = getattr(storage, "_studies", None)
     ids = getattr(storage, "_trial_id_to_study_id_and_number", None)
@@ -108,11 +113,14 @@ def _write_params(storage: optuna.storages.BaseStorage, pending: list[Any]) -> N
         models = None
     if (models is None or not isinstance(backend, RDBStorage) or studies is None or ids is None or lock is None
             or not hasattr(backend, "_set_trial_param_without_commit")
-            or len({trial_id for trial_id, *_ in pending}) != 1):
+            or not hasattr(backend, "_set_trial_attr_without_commit")
+            or len({trial_id for trial_id, *_ in [*pending, *attrs]}) != 1):
         for trial_id, name, value, dist in pending:
             storage.set_trial_param(trial_id, name, value, dist)
+        for trial_id, key, value in attrs:
+            storage.set_trial_user_attr(trial_id, key, value)
         return
-    trial_id = pending[0][0]
+    trial_id = [*pending, *attrs][0][0]
     with lock:
         known = studies[ids[trial_id][0]].param_distribution
         with _create_scoped_session(backend.scoped_session, True) as session:
@@ -127,15 +135,17 @@ def _write_params(storage: optuna.storages.BaseStorage, pending: list[Any]) -> N
                 fresh.append(models.TrialParamModel(trial_id=trial_id, param_name=name, param_value=value,
                                                     distribution_json=optuna.distributions.distribution_to_json(dist)))
             session.add_all(fresh)
+            for _, key, value in attrs:
+                backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
         for _, name, _, dist in pending:
             known.setdefault(name, dist)
 
 
 @contextmanager
 def batched_params(trial: optuna.Trial) -> Iterator[None]:
-    """Within the block the trial's sampled parameters are buffered and written together when it ends
-    (also when sampling raises, e.g. an invalid combination pruned before training), so they are stored
-    before any of the trial's work starts and a trial re-queued after a crash has them."""
+    """Within the block the trial's sampled parameters and user attributes are buffered and written
+    together when it ends (also when sampling raises, e.g. an invalid combination pruned before training),
+    so they are stored before any of the trial's work starts and a trial re-queued after a crash has them."""
     storage = trial.storage
     buffer = _ParamBuffer(storage)
     trial.storage = buffer  # type: ignore[assignment]
@@ -143,5 +153,5 @@ def batched_params(trial: optuna.Trial) -> Iterator[None]:
         yield
     finally:
         trial.storage = storage
-        if buffer.pending:
-            _write_params(storage, buffer.pending)
+        if buffer.pending or buffer.attrs:
+            _write_params(storage, buffer.pending, buffer.attrs)

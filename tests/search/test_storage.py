@@ -64,9 +64,11 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
             if batched:
                 with batched_params(trial):
                     _sample(trial)
+                    trial.set_user_attr("plan", {"layers": trial.params["layers"]})
                 assert trial.storage is study._storage
             else:
                 _sample(trial)
+                trial.set_user_attr("plan", {"layers": trial.params["layers"]})
             return float(trial.params["layers"])
 
         study.optimize(objective, n_trials=3)
@@ -75,6 +77,7 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
     plain, batched = run(f"plain-{kind}", False), run(f"batched-{kind}", True)
     assert [t.params for t in batched] == [t.params for t in plain]
     assert [t.distributions for t in batched] == [t.distributions for t in plain]
+    assert [t.user_attrs for t in batched] == [t.user_attrs for t in plain] != [{}] * 3
     assert len(batched[0].params) == 5
 
     study = optuna.load_study(study_name=f"batched-{kind}", storage=open_storage(StorageSpec(url), tmp_path))
@@ -95,10 +98,12 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
         sqlalchemy.event.listen(engine, "commit", commit)
         with batched_params(trial):
             _sample(trial)
+            trial.set_user_attr("plan", {"n": 1})
         sqlalchemy.event.remove(engine, "before_cursor_execute", statement)
         sqlalchemy.event.remove(engine, "commit", commit)
         writing = [chunk for chunk in " ".join(log).split("commit") if "insert" in chunk]
         assert len(writing) == 1 and len(trial.params) == 5
+        assert optuna.load_study(study_name=f"batched-{kind}", storage=url).trials[-1].user_attrs == {"plan": {"n": 1}}
     trial = study.ask()
     with pytest.raises(ValueError, match="does not support dynamic value space"):
         with batched_params(trial):
