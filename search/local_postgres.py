@@ -64,12 +64,21 @@ class LocalPostgres:
             shutil.chown(data, "postgres")
         self._run("initdb", "-D", str(data), "--auth=trust", "-U", "postgres")
         self.port = _free_port()
-        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
-                f"-c max_connections={self.max_connections} -c fsync=off")
-        self._run("pg_ctl", "-D", str(data), "-o", opts, "-l", str(self.dir / "log"), "-w", "start")
+        self._run("pg_ctl", "-D", str(data), "-o", self._options(), "-l", str(self.dir / "log"), "-w", "start")
         self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-c",
                   f"CREATE DATABASE {self.database}")
         return self
+
+    def _options(self) -> str:
+        return (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
+                f"-c max_connections={self.max_connections} -c fsync=off")
+
+    def restart(self) -> None:
+        """Stop and start the server on the same port and data (every open connection is cut)."""
+        if self.dir is None:
+            raise SearchError("the server is not running")
+        self._run("pg_ctl", "-D", str(self.dir / "data"), "-o", self._options(), "-l", str(self.dir / "log"),
+                  "-w", "-m", "fast", "restart")
 
     def stop(self) -> None:
         if self.dir is None:

@@ -117,3 +117,28 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
             raise optuna.TrialPruned("invalid combination")
     stored = optuna.load_study(study_name=f"batched-{kind}", storage=open_storage(StorageSpec(url), tmp_path))
     assert "layers" in stored.trials[-1].params
+
+
+def test_postgres_workers_survive_a_server_restart(tmp_path: Path) -> None:
+    """A pooled connection idle past ``ping_after_idle`` is checked before reuse, so a study keeps going
+    after the server restarted between trials (without the check the next write fails on a dead socket)."""
+    from fxforge.search import LocalPostgres
+
+    with LocalPostgres() as pg:
+        spec = StorageSpec(pg.url, ping_after_idle=0.5)
+        study = optuna.create_study(storage=open_storage(spec, tmp_path), study_name="restart")
+        study.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=2)
+        pg.restart()
+        time.sleep(1.0)
+        study.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=2)
+        assert [t.state for t in optuna.load_study(study_name="restart", storage=pg.url).trials] == [
+            optuna.trial.TrialState.COMPLETE] * 4
+
+        unchecked = optuna.create_study(storage=open_storage(StorageSpec(pg.url, ping_after_idle=3600), tmp_path),
+                                        study_name="unchecked")
+        unchecked.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=1)
+        pg.restart()
+        import sqlalchemy
+
+        with pytest.raises((optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError)):
+            unchecked.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=1)
