@@ -12,8 +12,10 @@ FFN = {"weight": {"sparsity": 0.5, "method": "l1", "scope": "local", "granularit
 HEADS = {"weight": {"sparsity": 1 / 3, "method": "l1", "scope": "local", "granularity": "head"}}
 
 
-def torch_pruning_model(model: torch.nn.Module, example: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """Torch-Pruning at the same target: 50 % FFN units, 1/3 of heads, hidden size untouched (L1)."""
+def torch_pruning_model(model: torch.nn.Module, example: dict[str, torch.Tensor],
+                        calib: list[dict[str, torch.Tensor]] | None = None) -> torch.nn.Module:
+    """Torch-Pruning at the same target: 50 % FFN units, 1/3 of heads, hidden size untouched; L1 magnitude,
+    or with ``calib`` (batches with labels) its group Taylor importance from the gradients summed over them."""
     import torch_pruning as tp
 
     layers = model.bert.encoder.layer
@@ -24,11 +26,19 @@ def torch_pruning_model(model: torch.nn.Module, example: dict[str, torch.Tensor]
             num_heads[lin] = model.config.num_attention_heads
     ignored = [model.classifier, model.bert.pooler.dense, model.bert.embeddings]
     ignored += [m for layer in layers for m in (layer.attention.output.dense, layer.output.dense)]
+    importance: object = tp.importance.MagnitudeImportance(p=1)
+    if calib is not None:
+        importance = tp.importance.GroupTaylorImportance()
+        model.zero_grad()
+        with torch.enable_grad():
+            for batch in calib:
+                model(**batch).loss.backward()
     pruner = tp.pruner.MetaPruner(
-        model, example, importance=tp.importance.MagnitudeImportance(p=1), pruning_ratio=0.5,
+        model, example, importance=importance, pruning_ratio=0.5,
         num_heads=num_heads, prune_num_heads=True, prune_head_dims=False, head_pruning_ratio=1 / 3,
         ignored_layers=ignored, output_transform=lambda out: out.logits.sum(), global_pruning=False)
     pruner.step()
+    model.zero_grad(set_to_none=True)
     for layer in layers:
         att = layer.attention.self
         att.num_attention_heads = pruner.num_heads[att.query]

@@ -95,7 +95,8 @@ def main() -> None:
     parser.add_argument("--no-tp", action="store_true")
     parser.add_argument("--distill", type=float, default=None, metavar="ALPHA",
                         help="distil the short fine-tune from the unpruned model (loss: ALPHA * CE + (1 - ALPHA) * KL)")
-    parser.add_argument("--rows", default="elementwise,structured,tp", help="which rows to measure")
+    parser.add_argument("--rows", default="elementwise,structured,tp,dense",
+                        help="rows to measure: elementwise, structured, tp (Torch-Pruning), dense (control)")
     parser.add_argument("--method", default="l1", choices=("l1", "taylor"),
                         help="structured criterion: l1, or taylor (loss-change estimate per head / FFN unit)")
     parser.add_argument("--calib", type=int, default=40, help="calibration batches (of 16 reviews) for taylor")
@@ -135,14 +136,20 @@ def main() -> None:
         rows.append((f"fxforge {args.method} 50% FFN + 1/3 heads, shrunk ({ratio:.2f}x params)", before,
                      right_after, accuracy(small, test), f"ft {secs:.0f} s"))
     if "tp" in rows_wanted and not args.no_tp:
-        tp_model = torch_pruning_model(base_model(args, ds, tokenizer), {k: v[:2] for k, v in test[0].items()
-                                                                            if k != "labels"})
+        calib = batches(ds["train"], tokenizer, 16, limit=16 * args.calib) if args.method == "taylor" else None
+        tp_model = torch_pruning_model(base_model(args, ds, tokenizer),
+                                       {k: v[:2] for k, v in test[0].items() if k != "labels"}, calib)
         right_after = accuracy(tp_model, test)
         secs = short_finetune(tp_model, args, ds, tokenizer, base)
         params = sum(p.numel() for p in tp_model.parameters())
         dense = sum(p.numel() for p in base.model.parameters())
-        rows.append((f"Torch-Pruning same target ({params / dense:.2f}x params)", before,
+        rows.append((f"Torch-Pruning {args.method} same target ({params / dense:.2f}x params)", before,
                      right_after, accuracy(tp_model, test), f"ft {secs:.0f} s"))
+    if "dense" in rows_wanted:  # control: the unpruned model given the same extra fine-tune
+        dense_model = base_model(args, ds, tokenizer)
+        secs = short_finetune(dense_model, args, ds, tokenizer, base)
+        rows.append(("unpruned, same short fine-tune (control)", before, before, accuracy(dense_model, test),
+                     f"ft {secs:.0f} s"))
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 
