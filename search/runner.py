@@ -91,6 +91,25 @@ def trial_pipeline(steps: Sequence[tuple[str, Mapping[str, Any]]], name: str) ->
     return Pipeline([(step, dict(args)) for step, args in steps], name=name, verify=False) if steps else None
 
 
+def calibrated(steps: Sequence[tuple[str, Mapping[str, Any]]], task: Task | None,
+               graph: ForgeGraph) -> list[tuple[str, Mapping[str, Any]]]:
+    """Plan steps with the task's calibration batches (and a cross-entropy loss) added by reference where a
+    pass scores with data (pruning method ``taylor``); the plan itself stays plain JSON."""
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    calib: tuple[list[dict[str, Any]], Any] | None = None
+    for name, args in steps:
+        weight = args.get("weight")
+        if name == "prune_transform_pass" and isinstance(weight, Mapping) and weight.get("method") == "taylor" \
+                and "data" not in args:
+            if task is None:
+                raise SearchError("pruning method 'taylor' scores with calibration batches: pass a task")
+            if calib is None:
+                calib = task.calibration(graph.model)
+            args = {**args, "data": calib[0], "num_batches": len(calib[0]), "loss_fn": calib[1]}
+        out.append((name, args))
+    return out
+
+
 def apply_steps(graph: ForgeGraph, pipeline: Pipeline | None) -> ForgeGraph:
     """Run a trial pipeline on ``graph`` in place (the trial's graph is already a fresh copy)."""
     if pipeline is None:
@@ -257,9 +276,11 @@ class Search:
             _set_constraints(trial, trial_result(cached).get("constraints", []))
             return list(cached.values)
         t1 = time.perf_counter()
-        before = trial_pipeline(plan.before_training(), f"trial {trial.number}: before training")
-        after = trial_pipeline(plan.after_training(), f"trial {trial.number}: after training")
         graph = build_trial_graph(self._bound, plan, self.base, self.capture)
+        before = trial_pipeline(calibrated(plan.before_training(), self.task, graph),
+                                f"trial {trial.number}: before training")
+        after = trial_pipeline(calibrated(plan.after_training(), self.task, graph),
+                               f"trial {trial.number}: after training")
         t2 = time.perf_counter()
         graph = apply_steps(graph, before)
         if plan.train:

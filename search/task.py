@@ -56,6 +56,26 @@ class Task(ABC):
         """Fine-tune ``graph`` in place; report intermediate accuracy to ``trial`` for pruners."""
         raise SearchError(f"{type(self).__name__} cannot train; use a space that needs no fine-tuning")
 
+    def calibration_batches(self) -> Sequence[Batch]:
+        """(inputs, labels) batches for data-driven passes (taylor pruning), never the held-out ones."""
+        raise SearchError(f"{type(self).__name__} has no calibration data (needed by pruning method 'taylor')")
+
+    def calibration(self, model: torch.nn.Module) -> tuple[list[dict[str, Any]], Any]:
+        """Calibration batches as ``model``'s keyword inputs and a cross-entropy ``loss_fn(output, batch)``,
+        the shape ``prune_transform_pass`` takes as ``data`` / ``loss_fn``."""
+        import torch.nn.functional as F
+
+        batches = list(self.calibration_batches())
+        if not batches:
+            raise SearchError(f"{type(self).__name__}: the calibration data is empty")
+        data = [with_labels(model, inputs, labels) for inputs, labels in batches]
+        labels_of = {id(d): labels for d, (_, labels) in zip(data, batches)}
+
+        def loss_fn(output: Any, batch: Any) -> torch.Tensor:
+            return F.cross_entropy(logits_of(output).float(), labels_of[id(batch)])
+
+        return data, loss_fn
+
     def accuracy(self, graph: ForgeGraph) -> float:
         """Fraction of held-out samples whose argmax logit equals the label (eval mode, no grad)."""
         model = graph.model
@@ -78,14 +98,24 @@ class Task(ABC):
 class TensorTask(Task):
     """Evaluation on in-memory tensors: ``inputs`` (keyword tensors) and ``labels``, split into batches."""
 
-    def __init__(self, inputs: Mapping[str, torch.Tensor], labels: torch.Tensor, batch_size: int = 64) -> None:
-        n = int(labels.shape[0])
-        self._batches: list[Batch] = [
-            ({k: v[i:i + batch_size] for k, v in inputs.items()}, labels[i:i + batch_size])
-            for i in range(0, n, batch_size)]
+    def __init__(self, inputs: Mapping[str, torch.Tensor], labels: torch.Tensor, batch_size: int = 64,
+                 calibration: tuple[Mapping[str, torch.Tensor], torch.Tensor] | None = None) -> None:
+        self._batches = _split(inputs, labels, batch_size)
+        self._calib = None if calibration is None else _split(calibration[0], calibration[1], batch_size)
 
     def eval_batches(self) -> Sequence[Batch]:
         return self._batches
+
+    def calibration_batches(self) -> Sequence[Batch]:
+        if self._calib is None:
+            raise SearchError("TensorTask has no calibration data: pass calibration=(inputs, labels), held apart "
+                              "from the evaluation tensors (needed by pruning method 'taylor')")
+        return self._calib
+
+
+def _split(inputs: Mapping[str, torch.Tensor], labels: torch.Tensor, batch_size: int) -> list[Batch]:
+    return [({k: v[i:i + batch_size] for k, v in inputs.items()}, labels[i:i + batch_size])
+            for i in range(0, int(labels.shape[0]), batch_size)]
 
 
 class TextClassificationTask(Task):
@@ -100,11 +130,13 @@ class TextClassificationTask(Task):
         eval_batch_size: batch size of the held-out batches.
         report_every: evaluate (and report to the pruner) every this many optimizer steps.
         progress: show the HF Trainer's progress bar while a trial trains.
+        calibration_size: training reviews given to data-driven passes (taylor pruning).
     """
 
     def __init__(self, dataset: str = "imdb", checkpoint: str | None = None, train_size: int = 800,
                  eval_size: int = 200, max_length: int = 128, train_args: Mapping[str, Any] | None = None,
-                 eval_batch_size: int = 32, report_every: int = 0, progress: bool = True) -> None:
+                 eval_batch_size: int = 32, report_every: int = 0, progress: bool = True,
+                 calibration_size: int = 256) -> None:
         from ..data import get_tokenized_dataset
         from ..models.bert import MINILM_NAME
 
@@ -116,20 +148,32 @@ class TextClassificationTask(Task):
         self.max_length, self.eval_batch_size = max_length, eval_batch_size
         self.train_args = dict(train_args or {})
         self.report_every, self.progress = report_every, progress
+        if calibration_size < 1:
+            raise SearchError(f"calibration_size must be >= 1, got {calibration_size}")
+        self.calibration_size = calibration_size
         self._eval: list[Batch] | None = None
+        self._calib: list[Batch] | None = None
+
+    def _padded(self, split: Any, n: int) -> list[Batch]:
+        rows = [split[i] for i in range(min(n, len(split)))]
+        out = []
+        for i in range(0, len(rows), self.eval_batch_size):
+            chunk = rows[i:i + self.eval_batch_size]
+            enc = self.tokenizer.pad([{k: r[k] for k in ("input_ids", "attention_mask")} for r in chunk],
+                                     padding="max_length", max_length=self.max_length, return_tensors="pt")
+            labels = torch.tensor([int(r["labels"]) for r in chunk])
+            out.append(({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, labels))
+        return out
 
     def eval_batches(self) -> Sequence[Batch]:
         if self._eval is None:
-            test = self.data["test"]
-            rows = [test[i] for i in range(len(test))]
-            self._eval = []
-            for i in range(0, len(rows), self.eval_batch_size):
-                chunk = rows[i:i + self.eval_batch_size]
-                enc = self.tokenizer.pad([{k: r[k] for k in ("input_ids", "attention_mask")} for r in chunk],
-                                         padding="max_length", max_length=self.max_length, return_tensors="pt")
-                labels = torch.tensor([int(r["labels"]) for r in chunk])
-                self._eval.append(({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, labels))
+            self._eval = self._padded(self.data["test"], len(self.data["test"]))
         return self._eval
+
+    def calibration_batches(self) -> Sequence[Batch]:
+        if self._calib is None:
+            self._calib = self._padded(self.data["train"], self.calibration_size)
+        return self._calib
 
     def train(self, graph: ForgeGraph, trial: optuna.Trial | None) -> None:
         import tempfile

@@ -141,3 +141,32 @@ def test_enqueued_configurations_run_first_once_and_are_checked(setup, tmp_path:
     with pytest.raises(SearchError, match="invalid combination"):
         _search(mg, task, tmp_path, space=space, enqueue=[{"linear:integer:weight_width": 4,
                                                            "linear:integer:weight_frac_width": 6}])
+
+
+def test_taylor_pruning_scores_with_the_tasks_calibration_batches(setup, tmp_path: Path) -> None:
+    """A PruningSpace with method 'taylor' gets the task's calibration batches (held apart from the
+    evaluation data) in every trial and in rebuilds; the stored plan stays plain JSON; no calibration
+    data is one clear SearchError."""
+    from fxforge.passes.prune import prune_transform_pass
+    from fxforge.search import PruningSpace
+
+    mg, task = setup
+    space = PruningSpace([0.5], method="taylor", granularity="row")
+    with pytest.raises(SearchError, match="calibration=\\(inputs, labels\\)"):
+        Search(space, ["accuracy"], base=mg, task=task, n_trials=1, run_dir=tmp_path / "none", progress=False).run()
+    torch.manual_seed(1)
+    xc = torch.randn(64, 8)
+    calibrated = TensorTask({"x": task.eval_batches()[0][0]["x"]}, task.eval_batches()[0][1], batch_size=32,
+                            calibration=({"x": xc}, mg.model(xc).argmax(-1)))
+    result = Search(space, ["accuracy", "avg_weight_bits"], base=mg, task=calibrated, n_trials=1,
+                    run_dir=tmp_path / "ok", progress=False).run()
+    trial = result.completed()[0]
+    assert "data" not in str(trial.user_attrs)
+    data, loss_fn = calibrated.calibration(mg.model)
+    direct, _ = prune_transform_pass(mg.copy(), {"weight": {"sparsity": 0.5, "method": "taylor", "granularity": "row"},
+                                                 "data": data, "num_batches": len(data), "loss_fn": loss_fn})
+    rebuilt = result.rebuild(trial)
+    for name in ("fc1", "fc2"):
+        assert torch.equal(rebuilt.model.get_submodule(name).weight_mask, direct.model.get_submodule(name).weight_mask)
+    l1, _ = prune_transform_pass(mg.copy(), {"weight": {"sparsity": 0.5, "method": "l1", "granularity": "row"}})
+    assert not torch.equal(l1.model.fc1.weight_mask, direct.model.fc1.weight_mask)
