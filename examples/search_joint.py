@@ -1,15 +1,18 @@
-"""A joint compression search on the fine-tuned MiniLM over IMDb: bits × structured sparsity × LoRA rank.
+"""A joint compression search on the fine-tuned MiniLM over IMDb: bits × structured sparsity × recovery.
 
-    .venv/bin/python -m fxforge.examples.search_joint --trials 24
+    .venv/bin/python -m fxforge.examples.search_joint --trials 24                     # LoRA recipe
+    .venv/bin/python -m fxforge.examples.search_joint --recipe distill --trials 12
 
 Each trial copies the fine-tuned base graph, prunes FFN units and attention heads (and physically
-removes them: the model gets smaller and faster), inserts LoRA adapters of the sampled rank,
-fine-tunes briefly to recover, fuses the adapters, then quantizes the weights of the Linear layers
-and of the embedding tables to sampled MXINT widths (the tables are half of MiniLM's weights: without
-them no configuration gets 8x smaller). Objectives: accuracy, total weight bits and latency; the
-constraint: accuracy drops at most one point. Two hand-picked uniform configurations (what the
-tutorial would choose: no pruning, every layer at 8 bits, or at 4 bits) are evaluated first for
-comparison. The Pareto points are rebuilt from their parameters and exported as fxforge checkpoints.
+removes them: the model gets smaller and faster) and recovers: ``lora`` inserts LoRA adapters of the
+sampled rank, fine-tunes them briefly and fuses them; ``distill`` prunes by the taylor criterion and
+fine-tunes every weight, distilled from the unpruned base. Then the weights of the Linear layers and of
+the embedding tables are quantized to sampled MXINT widths (the tables are half of MiniLM's weights:
+without them no configuration gets 8x smaller). Objectives: accuracy, total weight bits and latency;
+the constraint: accuracy drops at most one point. Hand-picked configurations are evaluated first (lora:
+the tutorial's uniform 8 and 4 bits; distill: three pruned 4/6-bit guesses), and the tutorial's pick,
+uniform post-training quantization, is measured beside the search. The feasible Pareto points are
+rebuilt from their parameters and exported as fxforge checkpoints.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import optuna  # noqa: E402
 import torch  # noqa: E402
 
 from fxforge import ForgeGraph  # noqa: E402
@@ -41,20 +45,31 @@ HEADS = {"regex": [r".*attention\.self\.(query|key|value)"]}
 WIDTHS = [3, 4, 6, 8]
 
 
-def space() -> JointSpace:
-    return JointSpace(
-        PruningSpace([0.0, 0.25, 0.5, 0.75], groups={"ffn": FFN, "heads": HEADS},
-                     granularity={"ffn": "ffn", "heads": "head"}, shrink=True),
-        LoRARankSpace([8, 16, 32], targets={"type": ["linear"]}, trainable={"name": ["classifier"]}),
-        MixedPrecisionSpace({"mxint": {"width": WIDTHS}}, roles=("weight",), per="type",
-                            targets=("linear", "embedding")),
-    )
+RECIPES = ("lora", "distill")
 
 
-def uniform(width: int) -> dict[str, object]:
-    """The hand-picked configuration: nothing pruned, every weight at ``width`` bits, the smallest LoRA."""
-    return {"sparsity:ffn": 0.0, "sparsity:heads": 0.0, "lora:rank": 8,
-            "linear:mxint:weight_width": width, "embedding:mxint:weight_width": width}
+def space(recipe: str = "lora") -> JointSpace:
+    """``lora``: L1 pruning, LoRA of a sampled rank recovers, fused; ``distill``: taylor pruning (calibrated
+    on training reviews), then every weight fine-tuned, distilled from the unpruned base. Then MXINT weights."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {list(RECIPES)}, got {recipe!r}")
+    pruning = PruningSpace([0.0, 0.25, 0.5, 0.75], groups={"ffn": FFN, "heads": HEADS},
+                           granularity={"ffn": "ffn", "heads": "head"}, shrink=True,
+                           method="l1" if recipe == "lora" else "taylor", finetune=recipe == "distill")
+    precision = MixedPrecisionSpace({"mxint": {"width": WIDTHS}}, roles=("weight",), per="type",
+                                    targets=("linear", "embedding"))
+    if recipe == "distill":
+        return JointSpace(pruning, precision)
+    return JointSpace(pruning, LoRARankSpace([8, 16, 32], targets={"type": ["linear"]},
+                                             trainable={"name": ["classifier"]}), precision)
+
+
+def uniform(width: int, recipe: str = "lora", ffn: float = 0.0, heads: float = 0.0) -> dict[str, object]:
+    """A hand-picked configuration: every weight at ``width`` bits (by default nothing pruned, the tutorial's
+    pick), the smallest LoRA rank in the lora recipe."""
+    params: dict[str, object] = {"sparsity:ffn": ffn, "sparsity:heads": heads,
+                                 "linear:mxint:weight_width": width, "embedding:mxint:weight_width": width}
+    return {**params, "lora:rank": 8} if recipe == "lora" else params
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="reviews each trial fine-tunes on (default: --train-size)")
     p.add_argument("--run-dir", default="out/search-joint")
     p.add_argument("--timeout", type=float, default=2 * 3600, help="stop after this many seconds")
-    p.add_argument("--trial-lr", type=float, default=3e-4, help="learning rate of the trials' LoRA fine-tune")
+    p.add_argument("--recipe", choices=RECIPES, default="lora",
+                   help="how a pruned trial recovers: LoRA (lora) or a distilled full fine-tune (distill)")
+    p.add_argument("--trial-lr", type=float, default=None,
+                   help="learning rate of the trials' fine-tune (default 3e-4 for LoRA, 1e-4 for distill)")
     p.add_argument("--sampler", default="nsga2")
     p.add_argument("--export", type=int, default=3, help="rebuild and export this many smallest feasible points")
     p.add_argument("--resume", action="store_true")
@@ -74,11 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     run = Path(args.run_dir)
     base = finetuned_minilm(run, imdb_task(args.train_size, args.eval_size))
     # the trials' short fine-tune: LoRA wants a larger step than the base's full fine-tune
-    task = imdb_task(args.trial_train_size or args.train_size, args.eval_size, lr=args.trial_lr)
-    result = Search(space(), ["accuracy", "weight_bits", "latency_ms"], base=base, task=task, n_trials=args.trials,
-                    sampler=args.sampler, constraints=[Constraint("accuracy", max_drop=0.01)], run_dir=run,
-                    study_name="joint", resume=args.resume, timeout=args.timeout,
-                    enqueue=[uniform(8), uniform(4)]).run()
+    lr = args.trial_lr if args.trial_lr is not None else (3e-4 if args.recipe == "lora" else 1e-4)
+    task = imdb_task(args.trial_train_size or args.train_size, args.eval_size, lr=lr)
+    if args.recipe == "distill":  # data by reference: the teacher is the unpruned base, not part of the plan
+        task.train_args.update(teacher=base, distill={"alpha": 0.5, "temperature": 2.0})
+        enqueue = [uniform(4, "distill", 0.5, 0.25), uniform(4, "distill", 0.75, 0.25), uniform(6, "distill", 0.5, 0.5)]
+    else:
+        enqueue = [uniform(8), uniform(4)]
+    for width in (8, 4):
+        tutorial_pick(base, task, width)
+    result = Search(space(args.recipe), ["accuracy", "weight_bits", "latency_ms"], base=base, task=task,
+                    n_trials=args.trials, sampler=args.sampler, constraints=[Constraint("accuracy", max_drop=0.01)],
+                    run_dir=run, study_name=f"joint-{args.recipe}", resume=args.resume, timeout=args.timeout,
+                    enqueue=enqueue).run()
     print(result.table())
     base_acc, fp32_bits, fp32_ms = (result.baseline[k] for k in ("accuracy", "weight_bits", "latency_ms"))
     for row in result.rows(result.completed()):
@@ -97,6 +123,22 @@ def main(argv: list[str] | None = None) -> int:
     if paths:
         remeasure(base, task, paths, [t.values[0] for t in chosen])
     return 0
+
+
+def tutorial_pick(base: ForgeGraph, task: TextClassificationTask, width: int) -> ForgeGraph:
+    """What the tutorial does by hand: every weight (Linear and embedding) at ``width`` bits, no training."""
+    from fxforge.search.objectives import weight_bits
+    from fxforge.search.runner import apply_steps, trial_pipeline
+
+    precision = space("distill").spaces[1].bind(base)
+    plan = precision.suggest(optuna.trial.FixedTrial({"linear:mxint:weight_width": width,
+                                                      "embedding:mxint:weight_width": width}))
+    graph = apply_steps(base.copy(), trial_pipeline(plan.steps, f"uniform {width}"))
+    base_acc = task.accuracy(base)
+    acc = task.accuracy(graph)
+    print(f"tutorial's pick, uniform MXINT{width} post-training: accuracy {acc:.3f} "
+          f"({100 * (acc - base_acc):+.1f} points), weights {weight_bits(base) / weight_bits(graph):.2f}x smaller")
+    return graph
 
 
 def remeasure(base: ForgeGraph, task: TextClassificationTask, paths: list[Path], accuracies: list[float]) -> None:

@@ -31,14 +31,18 @@ class PruningSpace(SearchSpace):
     ``prune_transform_pass`` step with MASE's config shape. ``granularity`` is one for every group or a
     mapping group → granularity (e.g. FFN units for the FFN group, heads for the attention group). With
     ``shrink`` (structured granularities only) the pruned rows, heads or FFN units are then physically
-    removed (``shrink_transform_pass``), so the model really gets smaller and faster.
+    removed (``shrink_transform_pass``), so the model really gets smaller and faster. With ``finetune``
+    every trial is fine-tuned after pruning (all weights, through the task: e.g. distilled from the
+    unpruned base with ``train_args={"teacher": base, "distill": {...}}``) before any later step such as
+    quantization; without it the pruned model is measured as it is (or a LoRA space in the same joint
+    space trains its adapters).
     """
 
     kind = "pruning"
 
     def __init__(self, sparsity: Sequence[float], groups: Mapping[str, Any] | None = None, method: str = "l1",
                  granularity: str | Mapping[str, str] = "elementwise", scope: str = "local",
-                 shrink: bool = False) -> None:
+                 shrink: bool = False, finetune: bool = False) -> None:
         self.sparsity = check_choices("pruning sparsity", sparsity)
         bad = [s for s in self.sparsity if not isinstance(s, int | float) or isinstance(s, bool) or not 0 <= s < 1]
         if bad:
@@ -64,7 +68,7 @@ class PruningSpace(SearchSpace):
             raise SearchError("pruning shrink needs a structured granularity (row, channel, head, ffn) in every group")
         self.granularity: str | dict[str, str] = dict(granularity) if isinstance(granularity, Mapping) else granularity
         self.per_group = per_group
-        self.method, self.scope, self.shrink = method, scope, bool(shrink)
+        self.method, self.scope, self.shrink, self.finetune = method, scope, bool(shrink), bool(finetune)
 
     def bind(self, graph: ForgeGraph | None) -> PruningSpace:
         from ..passes.base import PASSES
@@ -84,11 +88,11 @@ class PruningSpace(SearchSpace):
                     "targets": selector}))
         if steps and self.shrink:
             steps.append(("shrink_transform_pass", {}))
-        return TrialPlan(tuple(steps))
+        return TrialPlan(tuple(steps), train=self.finetune)
 
     def to_spec(self) -> dict[str, Any]:
         return {"kind": self.kind, "sparsity": list(self.sparsity), "groups": self.groups, "method": self.method,
-                "granularity": self.granularity, "scope": self.scope, "shrink": self.shrink}
+                "granularity": self.granularity, "scope": self.scope, "shrink": self.shrink, "finetune": self.finetune}
 
 
 class LoRARankSpace(SearchSpace):
@@ -152,7 +156,7 @@ class JointSpace(SearchSpace):
 
 
 def _pruning(spec: Mapping[str, Any]) -> PruningSpace:
-    unknown_keys("pruning", spec, ("sparsity", "groups", "method", "granularity", "scope", "shrink"))
+    unknown_keys("pruning", spec, ("sparsity", "groups", "method", "granularity", "scope", "shrink", "finetune"))
     return PruningSpace(**dict(spec))
 
 

@@ -37,3 +37,35 @@ def test_joint_space_plan_runs_on_tiny_bert(tmp_path: Path) -> None:
         x = bert_inputs(batch=shape[0], seq=shape[1])
         with torch.no_grad():
             assert graph(**x).logits.shape == (shape[0], 2)
+
+
+def test_distill_recipe_prunes_by_taylor_finetunes_distilled_and_rebuilds(tmp_path: Path) -> None:
+    """The distill recipe: taylor pruning calibrated on training reviews, every weight fine-tuned from the
+    unpruned teacher, then MXINT; the trial's plan trains, and the exported point is rebuilt identically."""
+    from fxforge.examples.search_joint import tutorial_pick
+    from fxforge.models.bert import tiny_bert
+    from fxforge.search import TextClassificationTask
+    from fxforge.search.runner import PLAN_ATTR, trial_result
+
+    torch.manual_seed(0)
+    base = ForgeGraph(tiny_bert(hidden_size=16, intermediate_size=32), hf_input_names=["input_ids", "attention_mask",
+                                                                                       "labels"]).eval()
+    task = TextClassificationTask(train_size=32, eval_size=16, max_length=16, eval_batch_size=16, progress=False,
+                                  calibration_size=16,
+                                  train_args={"max_steps": 2, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
+                                              "teacher": base, "distill": {"alpha": 0.5, "temperature": 2.0}})
+    params = uniform(4, "distill", 0.5, 0.25)
+    result = Search(space("distill"), ["accuracy", "weight_bits"], base=base, task=task, n_trials=1,
+                    run_dir=tmp_path, enqueue=[params], progress=False).run()
+    trial = result.completed()[0]
+    assert trial.params == params
+    plan = trial_result(trial)
+    stored = trial.user_attrs[PLAN_ATTR]
+    assert plan["values"]["weight_bits"] < result.baseline["weight_bits"] / 7
+    rebuilt = result.rebuild(trial)
+    layer = rebuilt.model.get_submodule("bert.encoder.layer.0")
+    assert layer.intermediate.dense.out_features == 16
+    assert task.accuracy(rebuilt) == trial.values[0]  # pruning, distilled fine-tune and quantization replayed
+    assert stored["train"] is True
+    assert [s[1]["weight"]["method"] for s in stored["steps"] if s[0] == "prune_transform_pass"] == ["taylor"] * 2
+    assert tutorial_pick(base, task, 4) is not base
