@@ -3,7 +3,7 @@ batches (taylor, first-order Taylor / movement-style, data-driven)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,33 +36,41 @@ def weight_scores(graph: Any, layers: dict[str, nn.Module], method: str, data: A
     if method in ("l1", "l2"):
         return {p: (m.weight.detach().abs() if method == "l1" else m.weight.detach().float() ** 2)
                 for p, m in layers.items()}
-    gm: fx.GraphModule = graph.model
-    flags = {p: m.weight.requires_grad for p, m in layers.items()}
     acc = {p: torch.zeros_like(m.weight, dtype=torch.float32) for p, m in layers.items()}
+    for _ in _backward_per_batch(graph, layers, data, num_batches, loss_fn):
+        for p, m in layers.items():
+            if m.weight.grad is not None:
+                acc[p] += (m.weight.detach() * m.weight.grad).abs().float()
+    return acc
+
+
+def _backward_per_batch(graph: Any, modules: dict[str, nn.Module], data: Any, num_batches: int,
+                        loss_fn: Any) -> Iterator[None]:
+    """Run each calibration batch forward and backward in eval mode with the modules' weights requiring
+    grad, yielding after each backward (the gradients are in ``.grad``); flags, grads and mode restored."""
+    gm: fx.GraphModule = graph.model
+    flags = {p: m.weight.requires_grad for p, m in modules.items()}
     was = gm.training
     gm.eval()
     try:
-        for m in layers.values():
+        for m in modules.values():
             m.weight.requires_grad_(True)
-            m.weight.grad = None
         seen = 0
         for batch in iter_batches(graph, data, num_batches):
+            for prm in gm.parameters():
+                prm.grad = None
             with torch.enable_grad():
                 _loss(run_batch(gm, batch), batch, loss_fn).backward()
-            for p, m in layers.items():
-                if m.weight.grad is not None:
-                    acc[p] += (m.weight.detach() * m.weight.grad).abs().float()
-                    m.weight.grad = None
+            yield
             seen += 1
         if seen == 0:
             raise ValueError("method 'taylor': 'data' yielded no batch")
     finally:
-        for p, m in layers.items():
+        for p, m in modules.items():
             m.weight.requires_grad_(flags[p])
         for prm in gm.parameters():
             prm.grad = None
         gm.train(was)
-    return acc
 
 
 def unit_taylor_scores(graph: Any, dep: Any, units: list[tuple[str, list[tuple[str, int]]]], data: Any,
@@ -96,41 +104,21 @@ def unit_taylor_scores(graph: Any, dep: Any, units: list[tuple[str, list[tuple[s
                 producers[p][1].append(i)
     paths = set(consumers) | set(producers)
     params = {p: gm.get_submodule(p) for p in paths}
-    flags = {p: m.weight.requires_grad for p, m in params.items()}
     total = torch.zeros(len(units), dtype=torch.float64)
-    was = gm.training
-    gm.eval()
-    try:
-        for m in params.values():
-            m.weight.requires_grad_(True)
-        seen = 0
-        for batch in iter_batches(graph, data, num_batches):
-            for prm in gm.parameters():
-                prm.grad = None
-            with torch.enable_grad():
-                _loss(run_batch(gm, batch), batch, loss_fn).backward()
-            step = torch.zeros(len(units), dtype=torch.float64)
-            for p, (cols, idx) in consumers.items():
-                w = params[p].weight
-                if w.grad is not None:
-                    per_col = (w.detach() * w.grad).double().sum(0)
-                    step.index_add_(0, torch.tensor(idx), per_col[torch.tensor(cols)])
-            for p, (rows, idx) in producers.items():
-                m = params[p]
-                if m.weight.grad is None:
-                    continue
-                per_row = (m.weight.detach() * m.weight.grad).double().flatten(1).sum(1)
-                if getattr(m, "bias", None) is not None and m.bias.grad is not None:
-                    per_row = per_row + (m.bias.detach() * m.bias.grad).double()
-                step.index_add_(0, torch.tensor(idx), per_row[torch.tensor(rows)])
-            total += step.abs()
-            seen += 1
-        if seen == 0:
-            raise ValueError("method 'taylor': 'data' yielded no batch")
-    finally:
-        for p, m in params.items():
-            m.weight.requires_grad_(flags[p])
-        for prm in gm.parameters():
-            prm.grad = None
-        gm.train(was)
+    for _ in _backward_per_batch(graph, params, data, num_batches, loss_fn):
+        step = torch.zeros(len(units), dtype=torch.float64)
+        for p, (cols, idx) in consumers.items():
+            w = params[p].weight
+            if w.grad is not None:
+                per_col = (w.detach() * w.grad).double().sum(0)
+                step.index_add_(0, torch.tensor(idx), per_col[torch.tensor(cols)])
+        for p, (rows, idx) in producers.items():
+            m = params[p]
+            if m.weight.grad is None:
+                continue
+            per_row = (m.weight.detach() * m.weight.grad).double().flatten(1).sum(1)
+            if getattr(m, "bias", None) is not None and m.bias.grad is not None:
+                per_row = per_row + (m.bias.detach() * m.bias.grad).double()
+            step.index_add_(0, torch.tensor(idx), per_row[torch.tensor(rows)])
+        total += step.abs()
     return total.tolist()
