@@ -1,11 +1,15 @@
 """MASE tutorial 4 on fxforge: prune a MiniLM IMDb classifier, element-wise and structurally.
 
-1. Fine-tune MiniLM-L6 (offline package) on ``--train`` IMDb reviews (length 128) once; cached.
+1. Fine-tune MiniLM-L6 (offline package) on ``--train`` IMDb reviews (length 128) once; cached (or
+   ``--base CHECKPOINT``: an fxforge checkpoint of the fine-tuned classifier, e.g. the search example's).
 2. Global L1 at 50 % element-wise (MASE's tutorial config): accuracy before, right after pruning, and
    after one short fine-tune (``--ft-train`` reviews, one epoch, masks kept by the HF Trainer).
-3. Structured: 50 % of the FFN units and a third of the heads of every layer (L1), shrunk to smaller
-   dense layers; accuracy right after and after the same short fine-tune.
-4. Torch-Pruning (DepGraph, PyPI ``torch-pruning``) at the same target, same fine-tune (``--no-tp`` skips).
+3. Structured: 50 % of the FFN units and a third of the heads of every layer (``--method`` l1, or taylor
+   on ``--calib`` training batches), shrunk to smaller dense layers; accuracy right after and after the
+   same short fine-tune (``--distill ALPHA``: distilled from the unpruned model).
+4. Torch-Pruning (DepGraph, PyPI ``torch-pruning``) at the same target with the same criterion (L1 magnitude
+   or its group Taylor importance), same fine-tune (``--no-tp`` skips).
+5. Control (row ``dense``): the unpruned model given the same short fine-tune.
 Prints the table next to the logbook's 84 / 55 / 83 %. Speed: ``benchmarks/bench_prune.py``.
 """
 
