@@ -207,13 +207,8 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
     layers = {p: gm.get_submodule(p) for p in layers}
     units_pruned = units_total = 0
     if sec is not None and sec.sparsity > 0:
-        scores: dict[str, torch.Tensor] | list[float]
-        if sec.method == "taylor" and dep is not None:  # head / ffn: one loss-change estimate per unit
-            scores = unit_taylor_scores(graph, dep, units, args.data, args.num_batches, args.loss_fn)
-        else:
-            scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn, args.seed)
         if sec.granularity == "elementwise":
-            assert isinstance(scores, dict)
+            scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn, args.seed)
             if sec.scope == "global":
                 flat = torch.cat([s.reshape(-1) for s in scores.values()])
                 drop = _lowest(flat, sec.sparsity).split([s.numel() for s in scores.values()])
@@ -225,7 +220,13 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
             units_pruned = sum(int(d.sum()) for d in drops.values())
             units_total = sum(d.numel() for d in drops.values())
         else:
-            rows, units_pruned = _structured_masks(sec, layers, units, scores)
+            unit_scores: dict[str, torch.Tensor] | list[float]
+            if sec.method == "taylor" and dep is not None:  # head / ffn: one loss-change estimate per unit
+                unit_scores = unit_taylor_scores(graph, dep, units, args.data, args.num_batches, args.loss_fn)
+            else:
+                unit_scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn,
+                                            args.seed)
+            rows, units_pruned = _structured_masks(sec, layers, units, unit_scores)
             units_total = len(units)
             for p, r in rows.items():
                 layer = layers[p]

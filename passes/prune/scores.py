@@ -89,19 +89,21 @@ def unit_taylor_scores(graph: Any, dep: Any, units: list[tuple[str, list[tuple[s
         for p, r in rows:
             index[dep.find(dep.unit_of[(p, r)])] = i
     # consumer path -> (columns, unit indices); producer path -> (rows, unit indices) for the fallback
-    consumers: dict[str, tuple[list[int], list[int]]] = {}
+    consumer_lists: dict[str, tuple[list[int], list[int]]] = {}
     for c, cols in dep.columns.items():
         hit = [(col, index[dep.find(u)]) for col, u in cols.items() if dep.find(u) in index]
         if hit:
-            consumers[c] = ([col for col, _ in hit], [i for _, i in hit])
-    fed = {i for _, idx in consumers.values() for i in idx}
-    producers: dict[str, tuple[list[int], list[int]]] = {}
+            consumer_lists[c] = ([col for col, _ in hit], [i for _, i in hit])
+    fed = {i for _, idx in consumer_lists.values() for i in idx}
+    producer_lists: dict[str, tuple[list[int], list[int]]] = {}
     for i, (_, rows) in enumerate(units):
         if i not in fed:
             for p, r in rows:
-                producers.setdefault(p, ([], []))
-                producers[p][0].append(r)
-                producers[p][1].append(i)
+                producer_lists.setdefault(p, ([], []))
+                producer_lists[p][0].append(r)
+                producer_lists[p][1].append(i)
+    consumers = {p: (torch.tensor(a), torch.tensor(b)) for p, (a, b) in consumer_lists.items()}
+    producers = {p: (torch.tensor(a), torch.tensor(b)) for p, (a, b) in producer_lists.items()}
     paths = set(consumers) | set(producers)
     params = {p: gm.get_submodule(p) for p in paths}
     total = torch.zeros(len(units), dtype=torch.float64)
@@ -111,7 +113,7 @@ def unit_taylor_scores(graph: Any, dep: Any, units: list[tuple[str, list[tuple[s
             w = params[p].weight
             if w.grad is not None:
                 per_col = (w.detach() * w.grad).double().sum(0)
-                step.index_add_(0, torch.tensor(idx), per_col[torch.tensor(cols)])
+                step.index_add_(0, idx, per_col[cols])
         for p, (rows, idx) in producers.items():
             m = params[p]
             if m.weight.grad is None:
@@ -119,6 +121,6 @@ def unit_taylor_scores(graph: Any, dep: Any, units: list[tuple[str, list[tuple[s
             per_row = (m.weight.detach() * m.weight.grad).double().flatten(1).sum(1)
             if getattr(m, "bias", None) is not None and m.bias.grad is not None:
                 per_row = per_row + (m.bias.detach() * m.bias.grad).double()
-            step.index_add_(0, torch.tensor(idx), per_row[torch.tensor(rows)])
+            step.index_add_(0, idx, per_row[rows])
         total += step.abs()
     return total.tolist()
