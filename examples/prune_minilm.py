@@ -124,12 +124,11 @@ def main() -> None:
     rows = _Rows()
 
     rows_wanted = set(args.rows.split(","))
+    calib = batches(ds["train"], tokenizer, 16, limit=16 * args.calib) if args.method == "taylor" else None
     if "elementwise" in rows_wanted:
         elementwise_row(base, before, args, ds, tokenizer, test, rows)
     if "structured" in rows_wanted:
-        extra: dict[str, Any] = {}
-        if args.method == "taylor":
-            extra = {"data": batches(ds["train"], tokenizer, 16, limit=16 * args.calib), "num_batches": args.calib}
+        extra: dict[str, Any] = {} if calib is None else {"data": calib, "num_batches": len(calib)}
         ffn, heads = ({**cfg, "weight": {**cfg["weight"], "method": args.method}, **extra} for cfg in (FFN, HEADS))
         mg, _ = prune_transform_pass(base.copy(), ffn)
         mg, _ = prune_transform_pass(mg, heads)
@@ -140,7 +139,6 @@ def main() -> None:
         rows.append((f"fxforge {args.method} 50% FFN + 1/3 heads, shrunk ({ratio:.2f}x params)", before,
                      right_after, accuracy(small, test), f"ft {secs:.0f} s"))
     if "tp" in rows_wanted and not args.no_tp:
-        calib = batches(ds["train"], tokenizer, 16, limit=16 * args.calib) if args.method == "taylor" else None
         tp_model = torch_pruning_model(base_model(args, ds, tokenizer),
                                        {k: v[:2] for k, v in test[0].items() if k != "labels"}, calib)
         right_after = accuracy(tp_model, test)

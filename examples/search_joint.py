@@ -56,12 +56,17 @@ def space(recipe: str = "lora") -> JointSpace:
     pruning = PruningSpace([0.0, 0.25, 0.5, 0.75], groups={"ffn": FFN, "heads": HEADS},
                            granularity={"ffn": "ffn", "heads": "head"}, shrink=True,
                            method="l1" if recipe == "lora" else "taylor", finetune=recipe == "distill")
-    precision = MixedPrecisionSpace({"mxint": {"width": WIDTHS}}, roles=("weight",), per="type",
-                                    targets=("linear", "embedding"))
+    precision = precision_space()
     if recipe == "distill":
         return JointSpace(pruning, precision)
     return JointSpace(pruning, LoRARankSpace([8, 16, 32], targets={"type": ["linear"]},
                                              trainable={"name": ["classifier"]}), precision)
+
+
+def precision_space() -> MixedPrecisionSpace:
+    """MXINT widths for the Linear weights and for the embedding tables, one choice per layer type."""
+    return MixedPrecisionSpace({"mxint": {"width": WIDTHS}}, roles=("weight",), per="type",
+                               targets=("linear", "embedding"))
 
 
 def uniform(width: int, recipe: str = "lora", ffn: float = 0.0, heads: float = 0.0) -> dict[str, object]:
@@ -130,8 +135,7 @@ def tutorial_pick(base: ForgeGraph, task: TextClassificationTask, width: int) ->
     from fxforge.search.objectives import weight_bits
     from fxforge.search.runner import apply_steps, trial_pipeline
 
-    precision = space("distill").spaces[1].bind(base)
-    plan = precision.suggest(optuna.trial.FixedTrial({"linear:mxint:weight_width": width,
+    plan = precision_space().bind(base).suggest(optuna.trial.FixedTrial({"linear:mxint:weight_width": width,
                                                       "embedding:mxint:weight_width": width}))
     graph = apply_steps(base.copy(), trial_pipeline(plan.steps, f"uniform {width}"))
     base_acc = task.accuracy(base)

@@ -181,15 +181,13 @@ class SearchResult:
 
     def rebuild(self, trial: optuna.trial.FrozenTrial) -> ForgeGraph:
         """The trial's graph rebuilt from its stored plan (same steps on a fresh copy / a new NAS model)."""
-        from .runner import apply_steps, build_trial_graph, calibrated, trial_pipeline
+        from .runner import apply_steps, build_trial_graph, plan_pipelines
 
         if self.search is None:
             raise ValueError("rebuilding needs the Search that ran the study")
         plan = plan_from_json(trial.user_attrs[PLAN_ATTR])
         graph = build_trial_graph(self.search._bound, plan, self.search.base, self.search.capture)
-        task, label = self.search.task, f"trial {trial.number}"
-        before = trial_pipeline(calibrated(plan.before_training(), task, graph), f"{label}: before training")
-        after = trial_pipeline(calibrated(plan.after_training(), task, graph), f"{label}: after training")
+        before, after = plan_pipelines(plan, self.search.task, graph, f"trial {trial.number}")
         graph = apply_steps(graph, before)
         if plan.train and self.search.task is not None:
             self.search.task.train(graph, None)

@@ -26,7 +26,7 @@ from .space import SearchSpace, TrialPlan
 from .storage import StorageSpec, batched_params, open_storage
 from .task import Task
 
-__all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", "trial_pipeline"]
+__all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", "plan_pipelines", "trial_pipeline"]
 
 SPACE_ATTR, BASELINE_ATTR, OBJECTIVES_ATTR = "fxforge_space", "fxforge_baseline", "fxforge_objectives"
 CONFIG_ATTR = "fxforge_config"
@@ -108,6 +108,14 @@ def calibrated(steps: Sequence[tuple[str, Mapping[str, Any]]], task: Task | None
             args = {**args, "data": calib[0], "num_batches": len(calib[0]), "loss_fn": calib[1]}
         out.append((name, args))
     return out
+
+
+def plan_pipelines(plan: TrialPlan, task: Task | None, graph: ForgeGraph,
+                   label: str) -> tuple[Pipeline | None, Pipeline | None]:
+    """The plan's steps before and after its fine-tune as pipelines on ``graph``, calibrated by ``task``
+    (one place for a trial and for its rebuild, so both run the same thing)."""
+    return (trial_pipeline(calibrated(plan.before_training(), task, graph), f"{label}: before training"),
+            trial_pipeline(calibrated(plan.after_training(), task, graph), f"{label}: after training"))
 
 
 def apply_steps(graph: ForgeGraph, pipeline: Pipeline | None) -> ForgeGraph:
@@ -277,10 +285,7 @@ class Search:
             return list(cached.values)
         t1 = time.perf_counter()
         graph = build_trial_graph(self._bound, plan, self.base, self.capture)
-        before = trial_pipeline(calibrated(plan.before_training(), self.task, graph),
-                                f"trial {trial.number}: before training")
-        after = trial_pipeline(calibrated(plan.after_training(), self.task, graph),
-                               f"trial {trial.number}: after training")
+        before, after = plan_pipelines(plan, self.task, graph, f"trial {trial.number}")
         t2 = time.perf_counter()
         graph = apply_steps(graph, before)
         if plan.train:
@@ -307,7 +312,6 @@ class Search:
         for params in self.enqueue:
             study.enqueue_trial(params, skip_if_exists=True)
         self._baseline = self.baseline(study)
-        self._finished = _Finished(self.n_trials)
         callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [self._finished]
         if self.on_trial is not None:
             callbacks.append(self.on_trial)

@@ -127,7 +127,7 @@ class _ParamBuffer:
         return getattr(self._storage, name)
 
 
-def _write_params(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> None:
+def _write_batch(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> None:
     """One database transaction for a trial's parameters (and user attributes) where the storage allows
     it: Optuna's RDB storage behind its cache otherwise commits each on its own (16 parameters: 16
     transactions, and a re-read of the trial row for each, the largest per-trial cost on PostgreSQL). Any
@@ -184,4 +184,4 @@ def batched_params(trial: optuna.Trial) -> Iterator[None]:
     finally:
         trial.storage = storage
         if buffer.pending or buffer.attrs:
-            _write_params(storage, buffer.pending, buffer.attrs)
+            _write_batch(storage, buffer.pending, buffer.attrs)

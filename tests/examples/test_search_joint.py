@@ -59,13 +59,16 @@ def test_distill_recipe_prunes_by_taylor_finetunes_distilled_and_rebuilds(tmp_pa
                     run_dir=tmp_path, enqueue=[params], progress=False).run()
     trial = result.completed()[0]
     assert trial.params == params
-    plan = trial_result(trial)
+    measured = trial_result(trial)
     stored = trial.user_attrs[PLAN_ATTR]
-    assert plan["values"]["weight_bits"] < result.baseline["weight_bits"] / 7
+    assert measured["values"]["weight_bits"] < result.baseline["weight_bits"] / 7
     rebuilt = result.rebuild(trial)
     layer = rebuilt.model.get_submodule("bert.encoder.layer.0")
     assert layer.intermediate.dense.out_features == 16
     assert task.accuracy(rebuilt) == trial.values[0]  # pruning, distilled fine-tune and quantization replayed
     assert stored["train"] is True
     assert [s[1]["weight"]["method"] for s in stored["steps"] if s[0] == "prune_transform_pass"] == ["taylor"] * 2
-    assert tutorial_pick(base, task, 4) is not base
+    pick = tutorial_pick(base, task, 4)  # uniform 4-bit PTQ: every table and Linear quantized, nothing pruned
+    assert sum(isinstance(m, QuantizedEmbedding) for m in pick.model.modules()) == 3
+    assert pick.model.get_submodule("bert.encoder.layer.0.intermediate").dense.out_features == 32
+    assert weight_bits(base) / 8 < weight_bits(pick) < weight_bits(base) / 7

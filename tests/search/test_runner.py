@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch.nn as nn
 
 from fxforge import ForgeGraph
 from fxforge.search import Constraint, MixedPrecisionSpace, Search, SearchError, TensorTask
-from fxforge.search.runner import trial_plan_key, trial_result
+from fxforge.search.runner import PLAN_ATTR, trial_plan_key, trial_result
 
 
 class _Net(nn.Module):
@@ -161,7 +162,9 @@ def test_taylor_pruning_scores_with_the_tasks_calibration_batches(setup, tmp_pat
     result = Search(space, ["accuracy", "avg_weight_bits"], base=mg, task=calibrated, n_trials=1,
                     run_dir=tmp_path / "ok", progress=False).run()
     trial = result.completed()[0]
-    assert "data" not in str(trial.user_attrs)
+    steps = trial.user_attrs[PLAN_ATTR]["steps"]  # the stored plan: plain JSON, no batches or loss in it
+    assert [set(args) for _, args in steps] == [{"weight", "targets"}] * len(steps) and steps
+    json.dumps(trial.user_attrs[PLAN_ATTR])
     data, loss_fn = calibrated.calibration(mg.model)
     direct, _ = prune_transform_pass(mg.copy(), {"weight": {"sparsity": 0.5, "method": "taylor", "granularity": "row"},
                                                  "data": data, "num_batches": len(data), "loss_fn": loss_fn})
