@@ -2,11 +2,14 @@
 
     .venv/bin/python -m fxforge.examples.search_joint --trials 24                     # LoRA recipe
     .venv/bin/python -m fxforge.examples.search_joint --recipe distill --trials 12
+    .venv/bin/python -m fxforge.examples.search_joint --recipe qat --trials 12
+
 
 Each trial copies the fine-tuned base graph, prunes FFN units and attention heads (and physically
 removes them: the model gets smaller and faster) and recovers: ``lora`` inserts LoRA adapters of the
 sampled rank, fine-tunes them briefly and fuses them; ``distill`` prunes by the taylor criterion and
-fine-tunes every weight, distilled from the unpruned base. Then the weights of the Linear layers and of
+fine-tunes every weight, distilled from the unpruned base; ``qat`` is ``distill`` with the quantization
+moved before that fine-tune, which then trains through the quantizers. Otherwise the weights of the Linear layers and of
 the embedding tables are quantized to sampled MXINT widths (the tables are half of MiniLM's weights:
 without them no configuration gets 8x smaller). Objectives: accuracy, total weight bits and latency;
 the constraint: accuracy drops at most one point. Hand-picked configurations are evaluated first (lora:
@@ -45,35 +48,37 @@ HEADS = {"regex": [r".*attention\.self\.(query|key|value)"]}
 WIDTHS = [3, 4, 6, 8]
 
 
-RECIPES = ("lora", "distill")
+RECIPES = ("lora", "distill", "qat")
 
 
 def space(recipe: str = "lora") -> JointSpace:
     """``lora``: L1 pruning, LoRA of a sampled rank recovers, fused; ``distill``: taylor pruning (calibrated
-    on training reviews), then every weight fine-tuned, distilled from the unpruned base. Then MXINT weights."""
+    on training reviews), then every weight fine-tuned, distilled from the unpruned base, then MXINT weights;
+    ``qat``: taylor pruning, MXINT weights, then the distilled fine-tune through the quantizers."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {list(RECIPES)}, got {recipe!r}")
     pruning = PruningSpace([0.0, 0.25, 0.5, 0.75], groups={"ffn": FFN, "heads": HEADS},
                            granularity={"ffn": "ffn", "heads": "head"}, shrink=True,
-                           method="l1" if recipe == "lora" else "taylor", finetune=recipe == "distill")
-    precision = precision_space()
-    if recipe == "distill":
+                           method="l1" if recipe == "lora" else "taylor", finetune=recipe != "lora")
+    precision = precision_space(qat=recipe == "qat")
+    if recipe != "lora":
         return JointSpace(pruning, precision)
     return JointSpace(pruning, LoRARankSpace([8, 16, 32], targets={"type": ["linear"]},
                                              trainable={"name": ["classifier"]}), precision)
 
 
-def precision_space() -> MixedPrecisionSpace:
+def precision_space(qat: bool = False) -> MixedPrecisionSpace:
     """MXINT widths for the Linear weights and for the embedding tables, one choice per layer type."""
     return MixedPrecisionSpace({"mxint": {"width": WIDTHS}}, roles=("weight",), per="type",
-                               targets=("linear", "embedding"))
+                               targets=("linear", "embedding"), qat=qat)
 
 
-def uniform(width: int, recipe: str = "lora", ffn: float = 0.0, heads: float = 0.0) -> dict[str, object]:
-    """A hand-picked configuration: every weight at ``width`` bits (by default nothing pruned, the tutorial's
-    pick), the smallest LoRA rank in the lora recipe."""
-    params: dict[str, object] = {"sparsity:ffn": ffn, "sparsity:heads": heads,
-                                 "linear:mxint:weight_width": width, "embedding:mxint:weight_width": width}
+def uniform(width: int, recipe: str = "lora", ffn: float = 0.0, heads: float = 0.0,
+            embedding: int | None = None) -> dict[str, object]:
+    """A hand-picked configuration: every weight at ``width`` bits (the tables at ``embedding`` bits if given;
+    by default nothing pruned, the tutorial's pick), the smallest LoRA rank in the lora recipe."""
+    params: dict[str, object] = {"sparsity:ffn": ffn, "sparsity:heads": heads, "linear:mxint:weight_width": width,
+                                 "embedding:mxint:weight_width": width if embedding is None else embedding}
     return {**params, "lora:rank": 8} if recipe == "lora" else params
 
 
@@ -87,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", default="out/search-joint")
     p.add_argument("--timeout", type=float, default=2 * 3600, help="stop after this many seconds")
     p.add_argument("--recipe", choices=RECIPES, default="lora",
-                   help="how a pruned trial recovers: LoRA (lora) or a distilled full fine-tune (distill)")
+                   help="how a pruned trial recovers: LoRA (lora), a distilled full fine-tune (distill), or that "
+                        "fine-tune through the quantizers (qat)")
     p.add_argument("--trial-lr", type=float, default=None,
                    help="learning rate of the trials' fine-tune (default 3e-4 for LoRA, 1e-4 for distill)")
     p.add_argument("--sampler", default="nsga2")
@@ -99,9 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     # the trials' short fine-tune: LoRA wants a larger step than the base's full fine-tune
     lr = args.trial_lr if args.trial_lr is not None else (3e-4 if args.recipe == "lora" else 1e-4)
     task = imdb_task(args.trial_train_size or args.train_size, args.eval_size, lr=lr)
-    if args.recipe == "distill":  # data by reference: the teacher is the unpruned base, not part of the plan
+    if args.recipe != "lora":  # data by reference: the teacher is the unpruned base, not part of the plan
         task.train_args.update(teacher=base, distill={"alpha": 0.5, "temperature": 2.0})
-        enqueue = [uniform(4, "distill", 0.5, 0.25), uniform(4, "distill", 0.75, 0.25), uniform(6, "distill", 0.5, 0.5)]
+        enqueue = [uniform(4, args.recipe, 0.5, 0.25), uniform(4, args.recipe, 0.75, 0.25),
+                   uniform(6, args.recipe, 0.5, 0.5)]
+        if args.recipe == "qat":  # session 10's distill run: 8-bit Linear, 4-bit tables met size and speed
+            enqueue = [uniform(8, "qat", 0.75, 0.5, embedding=4), uniform(4, "qat", 0.75, 0.5),
+                       uniform(6, "qat", 0.5, 0.5, embedding=4), *enqueue[:2]]
     else:
         enqueue = [uniform(8), uniform(4)]
     for width in (8, 4):

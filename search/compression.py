@@ -136,6 +136,9 @@ class JointSpace(SearchSpace):
         kinds = [s.kind for s in spaces]
         if len(set(kinds)) != len(kinds):
             raise SearchError(f"joint space: each kind at most once, got {kinds}")
+        if "lora" in kinds and any(getattr(s, "qat", False) for s in spaces):
+            raise SearchError("joint space: quantization-aware training (precision qat=True) cannot be combined "
+                              "with a LoRA space: the adapters are fused after training, undoing the quantization")
         self.spaces = tuple(spaces)
 
     def bind(self, graph: ForgeGraph | None) -> JointSpace:

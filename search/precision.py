@@ -36,13 +36,17 @@ class MixedPrecisionSpace(SearchSpace):
         targets: canonical op types to quantize (default ``["linear"]``).
         calibrate: add a calibration step (needed by static scaled formats).
         lower_int8: add int8 lowering (real int8 kernels; only meaningful for 8-bit integer formats).
+        qat: quantization-aware training: quantize before the trial's fine-tune (after pruning), which then
+            trains through the quantizers (straight-through gradients) instead of quantizing the trained
+            weights afterwards. Every trial fine-tunes, so the task must be able to train.
     """
 
     kind = "precision"
 
     def __init__(self, formats: Mapping[str, Mapping[str, Any]], roles: Sequence[str] = ("data_in", "weight", "bias"),
                  per: Literal["layer", "type"] = "type", targets: Sequence[str] = ("linear",),
-                 calibrate: bool = False, lower_int8: bool = False, layers: Sequence[str] = ()) -> None:
+                 calibrate: bool = False, lower_int8: bool = False, layers: Sequence[str] = (),
+                 qat: bool = False) -> None:
         if not isinstance(formats, Mapping) or not formats:
             raise SearchError("precision space: 'formats' must name at least one format")
         self.formats: dict[str, dict[str, tuple[Any, ...]]] = {}
@@ -67,6 +71,7 @@ class MixedPrecisionSpace(SearchSpace):
             raise SearchError(f"precision space: unknown op type(s) {bad_ops}; quantizable: {list(QUANTIZABLE_OPS)}")
         self.roles, self.per, self.targets = tuple(roles), per, tuple(targets)
         self.calibrate, self.lower_int8, self.layers = bool(calibrate), bool(lower_int8), tuple(layers)
+        self.qat = bool(qat)
 
     def bind(self, graph: ForgeGraph | None) -> MixedPrecisionSpace:
         if self.per == "type" or graph is None:
@@ -109,17 +114,20 @@ class MixedPrecisionSpace(SearchSpace):
             steps.append(("calibrate_analysis_pass", {}))
         if self.lower_int8:
             steps.append(("lower_int8_transform_pass", {}))
-        return TrialPlan(tuple(steps))
+        return TrialPlan(tuple(steps), train=self.qat, qat=self.qat)
 
     def to_spec(self) -> dict[str, Any]:
         formats = {f: {p: list(v) for p, v in ps.items()} for f, ps in self.formats.items()}
-        return {"kind": self.kind, "formats": formats,
+        spec = {"kind": self.kind, "formats": formats,
                 "roles": list(self.roles), "per": self.per, "targets": list(self.targets),
                 "calibrate": self.calibrate, "lower_int8": self.lower_int8}
+        if self.qat:  # only when set, so studies stored before the option existed resume with an equal spec
+            spec["qat"] = True
+        return spec
 
 
 def _from_spec(spec: Mapping[str, Any]) -> MixedPrecisionSpace:
-    unknown_keys("precision", spec, ("formats", "roles", "per", "targets", "calibrate", "lower_int8"))
+    unknown_keys("precision", spec, ("formats", "roles", "per", "targets", "calibrate", "lower_int8", "qat"))
     if "formats" not in spec:
         raise SearchError("precision space needs 'formats'")
     return MixedPrecisionSpace(**dict(spec))

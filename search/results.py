@@ -205,7 +205,8 @@ class SearchResult:
 
 def plan_from_json(doc: Mapping[str, Any]) -> TrialPlan:
     steps = tuple((str(name), dict(args)) for name, args in doc["steps"])
-    return TrialPlan(steps, bool(doc["train"]), doc.get("model_config"), tuple(doc.get("identity_layers", ())))
+    return TrialPlan(steps, bool(doc["train"]), doc.get("model_config"), tuple(doc.get("identity_layers", ())),
+                     qat=doc.get("qat", False) is True)
 
 
 def _fmt(v: Any) -> str:

@@ -35,27 +35,48 @@ STAGES: dict[str, float] = {
     "calibrate_transform_pass": 5, "lower_int8_transform_pass": 6,
 }
 TRAIN_STAGE = 2
+# Quantization-aware plans quantize (and calibrate) after pruning/shrinking but before the fine-tune.
+QAT_STEPS = ("quantize_transform_pass", "calibrate_analysis_pass", "calibrate_transform_pass")
+QAT_STAGE = 1.5
+LORA_STEPS = ("insert_lora_adapter_transform_pass", "fuse_lora_weights_transform_pass")
 
 
 @dataclass(frozen=True)
 class TrialPlan:
-    """What one trial evaluates: steps (ordered by stage), whether to fine-tune, NAS config overrides."""
+    """What one trial evaluates: steps (ordered by stage), whether to fine-tune, NAS config overrides.
+
+    With ``qat`` (quantization-aware training) the quantize steps run before the fine-tune, which then
+    trains through the quantizers' straight-through gradients; otherwise quantization follows training.
+    """
 
     steps: tuple[Step, ...] = ()
     train: bool = False
     model_config: Mapping[str, Any] | None = None
     identity_layers: tuple[str, ...] = ()
     params: Mapping[str, Any] = field(default_factory=dict)
+    qat: bool = False
+
+    def __post_init__(self) -> None:
+        if self.qat and any(name in LORA_STEPS for name, _ in self.steps):
+            raise SearchError("quantization-aware training cannot be combined with LoRA: the adapters are fused "
+                              "into the weights after training, which would undo the quantization")
+
+    def stage(self, name: str) -> float:
+        """Where a pass runs in this plan (:data:`STAGES`; under qat, quantization moves before training)."""
+        return QAT_STAGE if self.qat and name in QAT_STEPS else STAGES.get(name, 99)
 
     def before_training(self) -> tuple[Step, ...]:
-        return tuple(s for s in self.steps if STAGES.get(s[0], 99) < TRAIN_STAGE)
+        return tuple(s for s in self.steps if self.stage(s[0]) < TRAIN_STAGE)
 
     def after_training(self) -> tuple[Step, ...]:
-        return tuple(s for s in self.steps if STAGES.get(s[0], 99) > TRAIN_STAGE)
+        return tuple(s for s in self.steps if self.stage(s[0]) > TRAIN_STAGE)
 
     def to_json(self) -> dict[str, Any]:
-        return {"steps": [[name, jsonable(args)] for name, args in self.steps], "train": self.train,
-                "model_config": jsonable(self.model_config), "identity_layers": list(self.identity_layers)}
+        doc = {"steps": [[name, jsonable(args)] for name, args in self.steps], "train": self.train,
+               "model_config": jsonable(self.model_config), "identity_layers": list(self.identity_layers)}
+        if self.qat:  # only when set, so plans (and cache keys) stored before the flag existed stay equal
+            doc["qat"] = True
+        return doc
 
     def key(self) -> str:
         """A stable hash of the plan's content (the evaluation cache key)."""
@@ -63,13 +84,15 @@ class TrialPlan:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def merged(self, other: TrialPlan) -> TrialPlan:
-        """Both plans' steps in stage order; NAS overrides may come from one side only."""
+        """Both plans' steps in stage order; NAS overrides may come from one side only; qat if either is."""
         if self.model_config is not None and other.model_config is not None:
             raise SearchError("a joint space may hold at most one NAS space")
-        steps = sorted((*self.steps, *other.steps), key=lambda s: STAGES.get(s[0], 99))
+        qat = self.qat or other.qat
+        order = TrialPlan(qat=qat)
+        steps = sorted((*self.steps, *other.steps), key=lambda s: order.stage(s[0]))
         return TrialPlan(tuple(steps), self.train or other.train,
                          self.model_config if self.model_config is not None else other.model_config,
-                         (*self.identity_layers, *other.identity_layers), {**self.params, **other.params})
+                         (*self.identity_layers, *other.identity_layers), {**self.params, **other.params}, qat)
 
 
 def check_choices(name: str, values: Any) -> tuple[Any, ...]:

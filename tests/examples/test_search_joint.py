@@ -72,3 +72,40 @@ def test_distill_recipe_prunes_by_taylor_finetunes_distilled_and_rebuilds(tmp_pa
     assert sum(isinstance(m, QuantizedEmbedding) for m in pick.model.modules()) == 3
     assert pick.model.get_submodule("bert.encoder.layer.0.intermediate").dense.out_features == 32
     assert weight_bits(base) / 8 < weight_bits(pick) < weight_bits(base) / 7
+
+
+def test_qat_recipe_quantizes_before_the_distilled_fine_tune_which_trains_through_the_quantizers(
+        tmp_path: Path) -> None:
+    """The qat recipe: the graph is pruned and quantized before training, the fine-tune then changes the
+    quantized layers' weights (straight-through gradients), and the exported point is rebuilt identically."""
+    from fxforge.models.bert import tiny_bert
+    from fxforge.passes.quantize.modules import QuantizedLinear
+    from fxforge.search import TextClassificationTask
+    from fxforge.search.runner import PLAN_ATTR, plan_pipelines
+
+    torch.manual_seed(0)
+    base = ForgeGraph(tiny_bert(hidden_size=16, intermediate_size=32), hf_input_names=["input_ids", "attention_mask",
+                                                                                       "labels"]).eval()
+    task = TextClassificationTask(train_size=32, eval_size=16, max_length=16, eval_batch_size=16, progress=False,
+                                  calibration_size=16,
+                                  train_args={"max_steps": 2, "per_device_train_batch_size": 16, "learning_rate": 1e-2,
+                                              "teacher": base, "distill": {"alpha": 0.5, "temperature": 2.0}})
+    params = uniform(4, "qat", 0.5, 0.25, embedding=3)
+    search = Search(space("qat"), ["accuracy", "weight_bits"], base=base, task=task, n_trials=1,
+                    run_dir=tmp_path, enqueue=[params], progress=False)
+    result = search.run()
+    trial = result.completed()[0]
+    stored = trial.user_attrs[PLAN_ATTR]
+    assert stored["qat"] is True and stored["train"] is True
+    plan = search._bound.suggest(optuna.trial.FixedTrial(params))
+    before, after = plan_pipelines(plan, task, base, "qat")
+    assert after is None
+    untrained = apply_steps(base.copy(), before)
+    name = "bert.encoder.layer.0.intermediate.dense"
+    assert isinstance(untrained.model.get_submodule(name), QuantizedLinear)  # quantized before training
+    rebuilt = result.rebuild(trial)
+    trained = rebuilt.model.get_submodule(name)
+    assert isinstance(trained, QuantizedLinear) and trained.out_features == 16
+    assert not torch.equal(trained.weight, untrained.model.get_submodule(name).weight)  # trained through it
+    assert task.accuracy(rebuilt) == trial.values[0]
+    assert trial.values[1] == weight_bits(rebuilt) == weight_bits(untrained)  # training keeps the formats

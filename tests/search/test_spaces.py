@@ -109,3 +109,25 @@ def test_pruning_space_granularity_per_group() -> None:
         PruningSpace([0.5], groups=groups, granularity={"ffn": "ffn", "heads": "heads"})
     with pytest.raises(SearchError, match="shrink needs a structured granularity"):
         PruningSpace([0.5], groups=groups, granularity={"ffn": "ffn", "heads": "elementwise"}, shrink=True)
+
+
+def test_qat_moves_quantization_before_the_fine_tune_and_refuses_lora() -> None:
+    precision = MixedPrecisionSpace({"mxint": {"width": [4]}}, roles=("weight",), qat=True)
+    pruning = PruningSpace([0.5], groups={"ffn": {"regex": [r".*intermediate\.dense"]}}, granularity="ffn",
+                           shrink=True, finetune=True)
+    plan = JointSpace(pruning, precision).suggest(_trial({"sparsity:ffn": 0.5}))
+    assert plan.qat and plan.train
+    assert [s[0] for s in plan.before_training()] == ["prune_transform_pass", "shrink_transform_pass",
+                                                      "quantize_transform_pass"]
+    assert plan.after_training() == ()
+    ptq = JointSpace(pruning, MixedPrecisionSpace({"mxint": {"width": [4]}}, roles=("weight",)))
+    ptq_plan = ptq.suggest(_trial({"sparsity:ffn": 0.5}))
+    assert [s[0] for s in ptq_plan.after_training()] == ["quantize_transform_pass"]
+    assert ptq_plan.key() != plan.key()  # same steps, different order: evaluated separately
+    alone = precision.suggest(_trial())
+    assert alone.train and [s[0] for s in alone.before_training()] == ["quantize_transform_pass"]
+    spec = JointSpace(pruning, precision).to_spec()
+    assert space_from_spec(spec).to_spec() == spec and spec["spaces"][1]["qat"] is True
+    assert "qat" not in ptq.to_spec()["spaces"][1]  # studies stored before the option keep their spec
+    with pytest.raises(SearchError, match="cannot be combined with a LoRA space"):
+        JointSpace(precision, LoRARankSpace([4]))
