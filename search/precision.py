@@ -3,16 +3,20 @@
 Candidate formats come from the quantization pass's own table (fixed point ``integer`` with
 ``width``/``frac_width`` as in MASE's tutorial, ``scaled_integer``, ``minifloat``, ``mxint``, ...). A
 parameter given as a list is searched, a scalar is fixed; roles are ``data_in``, ``weight``, ``bias``.
-A sampled combination the format rejects (e.g. ``frac_width > width``) is pruned before evaluation.
+Parameters that constrain each other are sampled conditionally: ``frac_width`` is drawn only from the
+values the sampled ``width`` admits, under a name that says so (``linear:integer:weight_frac_width|width=4``),
+so a per-layer space over dozens of layers does not reject almost every trial. Anything the format still
+rejects is pruned before evaluation.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..passes.quantize.config import QUANTIZABLE_OPS, QuantizeConfig
-from ..passes.quantize.formats import ROLES, QuantizeConfigError, get_format
+from ..passes.quantize.formats import ROLES, QuantizeConfigError, check_role_params, get_format
 from ..passes.select import select_nodes
 from .errors import SearchError
 from .space import SPACES, SearchSpace, TrialPlan, check_choices, unknown_keys
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
     from ..graph.forge_graph import ForgeGraph
 
 __all__ = ["MixedPrecisionSpace"]
+
+MAX_COMBINATIONS = 20_000  # above this many choice combinations per format, sample freely and prune
 
 
 class MixedPrecisionSpace(SearchSpace):
@@ -61,6 +67,7 @@ class MixedPrecisionSpace(SearchSpace):
                                   f"parameters: {list(fmt.param_names)}")
             self.formats[name] = {p: check_choices(f"{name}.{p}", v if isinstance(v, list | tuple) else [v])
                                   for p, v in params.items()}
+        self._valid = {name: _valid_combinations(name, choices) for name, choices in self.formats.items()}
         bad_roles = [r for r in roles if r not in ROLES]
         if bad_roles or not roles:
             raise SearchError(f"precision space: roles must be a non-empty subset of {list(ROLES)}, got {list(roles)}")
@@ -101,9 +108,8 @@ class MixedPrecisionSpace(SearchSpace):
             fmt = names[0] if len(names) == 1 else trial.suggest_categorical(f"{key}:format", names)
             entry: dict[str, Any] = {"name": fmt}
             for role in self.roles:
-                for param, values in self.formats[fmt].items():
-                    entry[f"{role}_{param}"] = values[0] if len(values) == 1 else \
-                        trial.suggest_categorical(f"{key}:{fmt}:{role}_{param}", list(values))
+                for param, value in self._sample_role(trial, f"{key}:{fmt}:{role}", fmt).items():
+                    entry[f"{role}_{param}"] = value
             config[key] = {"config": entry}
         try:
             QuantizeConfig.from_dict(config)
@@ -116,6 +122,23 @@ class MixedPrecisionSpace(SearchSpace):
             steps.append(("lower_int8_transform_pass", {}))
         return TrialPlan(tuple(steps), train=self.qat, qat=self.qat)
 
+    def _sample_role(self, trial: optuna.Trial, prefix: str, fmt: str) -> dict[str, Any]:
+        """One role's parameters in order, each from the choices the earlier ones leave valid; a restricted
+        parameter's name carries the values that restrict it, so a name always has the same choices."""
+        chosen: dict[str, Any] = {}
+        valid = self._valid[fmt]
+        for param, values in self.formats[fmt].items():
+            allowed = values if valid is None else tuple(
+                v for v in values if any(c[param] == v and all(c[k] == chosen[k] for k in chosen) for c in valid))
+            if len(allowed) == 1:
+                chosen[param] = allowed[0]
+                continue
+            name = f"{prefix}_{param}"
+            if allowed != values:
+                name += "|" + ",".join(f"{k}={v}" for k, v in chosen.items() if len(self.formats[fmt][k]) > 1)
+            chosen[param] = trial.suggest_categorical(name, list(allowed))
+        return chosen
+
     def to_spec(self) -> dict[str, Any]:
         formats = {f: {p: list(v) for p, v in ps.items()} for f, ps in self.formats.items()}
         spec = {"kind": self.kind, "formats": formats,
@@ -124,6 +147,27 @@ class MixedPrecisionSpace(SearchSpace):
         if self.qat:  # only when set, so studies stored before the option existed resume with an equal spec
             spec["qat"] = True
         return spec
+
+
+def _valid_combinations(fmt: str, choices: Mapping[str, tuple[Any, ...]]) -> list[dict[str, Any]] | None:
+    """Every combination of the choices the format accepts (None: too many to list, sample freely)."""
+    total = 1
+    for values in choices.values():
+        total *= len(values)
+    if total > MAX_COMBINATIONS:
+        return None
+    fmt_def = get_format(fmt)
+    valid = []
+    for combo in itertools.product(*choices.values()):
+        params = dict(zip(choices, combo))
+        try:
+            check_role_params(fmt_def, params, fmt)
+        except QuantizeConfigError:
+            continue
+        valid.append(params)
+    if not valid:
+        raise SearchError(f"precision space: no combination of the {fmt!r} choices {dict(choices)} is valid")
+    return valid
 
 
 def _from_spec(spec: Mapping[str, Any]) -> MixedPrecisionSpace:
