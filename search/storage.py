@@ -128,10 +128,46 @@ class _ParamBuffer:
 
 
 def _write_batch(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> None:
-    """One database transaction for a trial's parameters (and user attributes) where the storage allows
-    it: Optuna's RDB storage behind its cache otherwise commits each on its own (16 parameters: 16
-    transactions, and a re-read of the trial row for each, the largest per-trial cost on PostgreSQL). Any
-    other storage (or an Optuna whose internals differ) gets the writes one by one, as Optuna makes them."""
+    """A trial's parameters (and user attributes) in one write where the storage allows it: Optuna's RDB
+    storage otherwise commits each in its own transaction (16 parameters: 16 transactions and a re-read of
+    the trial row for each, the largest per-trial cost on PostgreSQL), and its journal appends and fsyncs
+    each as its own record. Any other storage (or an Optuna whose internals differ) gets the writes one
+    by one, as Optuna makes them."""
+    if len({trial_id for trial_id, *_ in [*pending, *attrs]}) == 1 and (
+            _write_rdb(storage, pending, attrs) or _write_journal(storage, pending, attrs)):
+        return
+    for trial_id, name, value, dist in pending:
+        storage.set_trial_param(trial_id, name, value, dist)
+    for trial_id, key, value in attrs:
+        storage.set_trial_user_attr(trial_id, key, value)
+
+
+def _write_journal(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> bool:
+    """Optuna's journal records for the batch, appended with one fsync, then replayed as Optuna replays its
+    own (which refuses a distribution incompatible with the study's, as one-by-one writes do)."""
+    try:
+        from optuna.storages.journal._storage import JournalOperation
+    except ImportError:  # pragma: no cover - a future Optuna
+        return False
+    if not isinstance(storage, JournalStorage) or not all(
+            hasattr(storage, a) for a in ("_backend", "_replay_result", "_thread_lock", "_sync_with_backend")):
+        return False
+    with storage._thread_lock:
+        worker = storage._replay_result.worker_id
+        logs: list[dict[str, Any]] = [
+            {"op_code": JournalOperation.SET_TRIAL_PARAM, "worker_id": worker, "trial_id": trial_id,
+             "param_name": name, "param_value_internal": value,
+             "distribution": optuna.distributions.distribution_to_json(dist)}
+            for trial_id, name, value, dist in pending]
+        logs += [{"op_code": JournalOperation.SET_TRIAL_USER_ATTR, "worker_id": worker, "trial_id": trial_id,
+                  "user_attr": {key: value}} for trial_id, key, value in attrs]
+        storage._backend.append_logs(logs)
+        storage._sync_with_backend()
+    return True
+
+
+def _write_rdb(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> bool:
+    """One database transaction through Optuna's own per-row writers and models (its cached RDB storage)."""
     backend = getattr(storage, "_backend", None)
     studies = getattr(storage, "_studies", None)
     ids = getattr(storage, "_trial_id_to_study_id_and_number", None)
@@ -140,16 +176,11 @@ def _write_batch(storage: optuna.storages.BaseStorage, pending: list[Any], attrs
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
     except ImportError:  # pragma: no cover - a future Optuna
-        models = None
-    if (models is None or not isinstance(backend, RDBStorage) or studies is None or ids is None or lock is None
+        return False
+    if (not isinstance(backend, RDBStorage) or studies is None or ids is None or lock is None
             or not hasattr(backend, "_set_trial_param_without_commit")
-            or not hasattr(backend, "_set_trial_attr_without_commit")
-            or len({trial_id for trial_id, *_ in [*pending, *attrs]}) != 1):
-        for trial_id, name, value, dist in pending:
-            storage.set_trial_param(trial_id, name, value, dist)
-        for trial_id, key, value in attrs:
-            storage.set_trial_user_attr(trial_id, key, value)
-        return
+            or not hasattr(backend, "_set_trial_attr_without_commit")):
+        return False
     trial_id = [*pending, *attrs][0][0]
     with lock:
         known = studies[ids[trial_id][0]].param_distribution
@@ -169,6 +200,7 @@ def _write_batch(storage: optuna.storages.BaseStorage, pending: list[Any], attrs
                 backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
         for _, name, _, dist in pending:
             known.setdefault(name, dist)
+    return True
 
 
 @contextmanager

@@ -48,7 +48,8 @@ def _sample(trial: optuna.Trial) -> None:
 @pytest.mark.parametrize("kind", ["postgresql", "sqlite", "journal"])
 def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pytest.FixtureRequest,
                                                          tmp_path: Path) -> None:
-    """Parameters sampled inside batched_params reach the storage (one transaction on RDB storages) with
+    """Parameters sampled inside batched_params reach the storage (one transaction on RDB storages, one
+    append on the journal) with
     the same values and distributions as Optuna's one-by-one writes; a study re-read from the storage
     shows them; an incompatible distribution is still refused; sampling that raises keeps what it sampled."""
     from fxforge.search.storage import batched_params
@@ -104,6 +105,19 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
         writing = [chunk for chunk in " ".join(log).split("commit") if "insert" in chunk]
         assert len(writing) == 1 and len(trial.params) == 5
         assert optuna.load_study(study_name=f"batched-{kind}", storage=url).trials[-1].user_attrs == {"plan": {"n": 1}}
+    else:  # the five parameters and the attribute are appended (and fsynced) once (Optuna alone: six times)
+        backend = study._storage._backend
+        appends: list[int] = []
+        append = backend.append_logs
+        backend.append_logs = lambda logs: (appends.append(len(logs)), append(logs))[1]
+        trial = study.ask()
+        with batched_params(trial):
+            _sample(trial)
+            trial.set_user_attr("plan", {"n": 1})
+        backend.append_logs = append
+        assert appends[1:] == [6] and len(trial.params) == 5  # appends[0]: the trial's creation
+        again = optuna.load_study(study_name=f"batched-{kind}", storage=open_storage(StorageSpec(url), tmp_path))
+        assert again.trials[-1].params == trial.params and again.trials[-1].user_attrs == {"plan": {"n": 1}}
     trial = study.ask()
     with pytest.raises(ValueError, match="does not support dynamic value space"):
         with batched_params(trial):
