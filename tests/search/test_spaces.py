@@ -79,8 +79,10 @@ def test_precision_space_validates_and_prunes_bad_widths() -> None:
 def test_per_layer_fixed_point_space_samples_only_valid_widths(bert_graph) -> None:
     """MASE's tutorial space (widths and fraction widths drawn independently) is almost never valid over
     every layer at once: 0.76 per layer and role. Fraction widths are drawn from what the width admits."""
-    space = MixedPrecisionSpace({"integer": {"width": [2, 3, 4, 8], "frac_width": [1, 2, 3, 4, 5]}},
-                                roles=("data_in", "weight"), per="layer").bind(bert_graph)
+    from fxforge.examples.search_mixed_precision import WIDTHS  # the tutorial 6/10 example's choices
+
+    assert WIDTHS == {"width": [2, 3, 4, 6, 8], "frac_width": [1, 2, 3, 4, 5]}
+    space = MixedPrecisionSpace({"integer": WIDTHS}, roles=("data_in", "weight"), per="layer").bind(bert_graph)
     assert len(space.keys()) >= 8
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen: dict[int, set[int]] = {}
@@ -94,7 +96,7 @@ def test_per_layer_fixed_point_space_samples_only_valid_widths(bert_graph) -> No
                 assert frac <= width
                 seen.setdefault(width, set()).add(frac)
         study.tell(trial, 0.0)
-    assert seen == {2: {1, 2}, 3: {1, 2, 3}, 4: {1, 2, 3, 4}, 8: {1, 2, 3, 4, 5}}
+    assert seen == {2: {1, 2}, 3: {1, 2, 3}, 4: {1, 2, 3, 4}, 6: {1, 2, 3, 4, 5}, 8: {1, 2, 3, 4, 5}}
     names = set(study.trials[0].params)
     assert f"{space.keys()[0]}:integer:weight_frac_width|width=3" in {n for t in study.trials for n in t.params}
     assert all(n.endswith(("_width", "|width=2", "|width=3", "|width=4")) for n in names)
