@@ -134,8 +134,9 @@ class MixedPrecisionSpace(SearchSpace):
                 chosen[param] = allowed[0]
                 continue
             name = f"{prefix}_{param}"
-            if allowed != values:
-                name += "|" + ",".join(f"{k}={v}" for k, v in chosen.items() if len(self.formats[fmt][k]) > 1)
+            restricting = ",".join(f"{k}={v}" for k, v in chosen.items() if len(self.formats[fmt][k]) > 1)
+            if allowed != values and restricting:  # (a restriction by fixed values alone is always the same)
+                name += "|" + restricting
             chosen[param] = trial.suggest_categorical(name, list(allowed))
         return chosen
 
