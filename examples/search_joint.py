@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="learning rate of the trials' fine-tune (default 3e-4 for LoRA, 1e-4 for distill)")
     p.add_argument("--sampler", default="nsga2")
     p.add_argument("--export", type=int, default=3, help="rebuild and export this many smallest feasible points")
+    p.add_argument("--export-trials", type=int, nargs="+", default=None,
+                   help="rebuild and export these trials instead (e.g. after --resume of a finished search)")
     p.add_argument("--resume", action="store_true")
     args = p.parse_args(argv)
     run = Path(args.run_dir)
@@ -133,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     feasible = {r["trial"] for r in result.rows() if r["feasible"]}
     front = [t for t in result.front() if t.number in feasible]
     chosen = sorted(front, key=lambda t: t.values[1])[: args.export]  # the smallest feasible points
+    if args.export_trials is not None:
+        by_number = {t.number: t for t in result.completed()}
+        unknown = sorted(set(args.export_trials) - set(by_number))
+        if unknown:
+            p.error(f"--export-trials: no completed trial(s) {unknown}; completed: {sorted(by_number)}")
+        chosen = [by_number[n] for n in args.export_trials]
     paths = result.export(run / "pareto", chosen)  # rebuilt from their parameters (fine-tune replayed)
     print(f"exported: {[str(p) for p in paths]}")
     if paths:
