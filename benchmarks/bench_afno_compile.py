@@ -72,13 +72,20 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds (the first compiles)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--mode", default=None, help="torch.compile mode (default: torch's default mode)")
+    p.add_argument("--cpp-wrapper", action="store_true",
+                   help="Inductor's C++ wrapper (no Python between the compiled kernels) for both compiled variants")
     args = p.parse_args(argv)
+    if args.cpp_wrapper:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp_wrapper = True
     if args.threads <= 0 or args.repeats <= 0 or args.warmup <= 0:
         raise SystemExit("--threads, --repeats and --warmup must be positive")
     torch.set_num_threads(args.threads)
     print(f"GPT n_embd={args.n_embd} n_layer={args.n_layer} batch={args.batch_size}, fwd+bwd median of "
           f"{args.repeats} (+{args.warmup} warm-up), torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"compile mode {args.mode or 'default'}, load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"compile mode {args.mode or 'default'}{', cpp wrapper' if args.cpp_wrapper else ''}, "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
     results: dict[tuple[str, int], float] = {}
     pairs: dict[int, float] = {}
     gemm: dict[int, float] = {}

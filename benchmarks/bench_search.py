@@ -85,16 +85,16 @@ def _example_overhead(storage: str | None, run_dir: Path, n: int) -> tuple[float
     """(ms of machinery per trial, ms of trial work) over ``n`` trials of the mixed-precision example's search:
     its space and sampler on MiniLM, accuracy on 500 reviews' worth of 128-token inputs (the timing does not
     depend on the tokens, so random ids stand in for the reviews)."""
-    from fxforge.examples.search_mixed_precision import WIDTHS
     from fxforge.models.bert import minilm_for_sequence_classification
     from fxforge.search import Constraint
+    from fxforge.search.precision import TUTORIAL_FIXED_POINT
 
     base = ForgeGraph(minilm_for_sequence_classification().eval(), hf_input_names=["input_ids", "attention_mask"])
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 30000, (500, 128), generator=gen)
     task = TensorTask({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
                       torch.randint(0, 2, (500,), generator=gen), batch_size=32)
-    space = MixedPrecisionSpace({"integer": WIDTHS}, roles=("data_in", "weight"), per="layer")
+    space = MixedPrecisionSpace({"integer": TUTORIAL_FIXED_POINT}, roles=("data_in", "weight"), per="layer")
     print(f"  ({len(space.bind(base).keys()) * 4} parameters per trial)")
     return _machinery(Search(space, ["accuracy", "avg_weight_bits"], base=base, task=task, n_trials=n,
                              sampler="nsga2", constraints=[Constraint("accuracy", max_drop=0.01)], storage=storage,

@@ -22,8 +22,9 @@ from fxforge.examples.search_common import finetuned_minilm, imdb_task  # noqa: 
 from fxforge.pipelines import Pipeline  # noqa: E402
 from fxforge.search import Constraint, MixedPrecisionSpace, Search  # noqa: E402
 from fxforge.search.objectives import avg_weight_bits  # noqa: E402
+from fxforge.search.precision import TUTORIAL_FIXED_POINT  # noqa: E402
 
-WIDTHS = {"width": [2, 3, 4, 6, 8], "frac_width": [1, 2, 3, 4, 5]}
+WIDTHS = TUTORIAL_FIXED_POINT  # the tutorial's choices: per layer and role, a width and a fraction width
 
 
 def uniform(width: int, frac: int) -> list[tuple[str, dict]]:

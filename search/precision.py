@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
     from ..graph.forge_graph import ForgeGraph
 
-__all__ = ["MixedPrecisionSpace"]
+__all__ = ["MixedPrecisionSpace", "TUTORIAL_FIXED_POINT"]
 
 MAX_COMBINATIONS = 20_000  # above this many choice combinations per format, sample freely and prune
+# MASE tutorials 6/10: fixed-point widths and fraction widths, drawn per layer (the mixed-precision example's)
+TUTORIAL_FIXED_POINT: dict[str, list[int]] = {"width": [2, 3, 4, 6, 8], "frac_width": [1, 2, 3, 4, 5]}
 
 
 class MixedPrecisionSpace(SearchSpace):
