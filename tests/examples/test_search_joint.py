@@ -12,7 +12,7 @@ from conftest import bert_inputs, make_tiny_bert
 from fxforge import ForgeGraph
 from fxforge.examples.search_joint import space, uniform
 from fxforge.passes.quantize.modules import QuantizedEmbedding
-from fxforge.search import Search, TensorTask
+from fxforge.search import Search, TensorTask, TextClassificationTask
 from fxforge.search.objectives import weight_bits
 from fxforge.search.runner import apply_steps, trial_pipeline
 
@@ -39,21 +39,27 @@ def test_joint_space_plan_runs_on_tiny_bert(tmp_path: Path) -> None:
             assert graph(**x).logits.shape == (shape[0], 2)
 
 
-def test_distill_recipe_prunes_by_taylor_finetunes_distilled_and_rebuilds(tmp_path: Path) -> None:
-    """The distill recipe: taylor pruning calibrated on training reviews, every weight fine-tuned from the
-    unpruned teacher, then MXINT; the trial's plan trains, and the exported point is rebuilt identically."""
-    from fxforge.examples.search_joint import tutorial_pick
+def _distill_setup(lr: float) -> tuple[ForgeGraph, TextClassificationTask]:
+    """A tiny BERT and a two-step text task distilled from it (the base is the teacher)."""
     from fxforge.models.bert import tiny_bert
-    from fxforge.search import TextClassificationTask
-    from fxforge.search.runner import PLAN_ATTR, trial_result
 
     torch.manual_seed(0)
     base = ForgeGraph(tiny_bert(hidden_size=16, intermediate_size=32), hf_input_names=["input_ids", "attention_mask",
                                                                                        "labels"]).eval()
     task = TextClassificationTask(train_size=32, eval_size=16, max_length=16, eval_batch_size=16, progress=False,
                                   calibration_size=16,
-                                  train_args={"max_steps": 2, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
+                                  train_args={"max_steps": 2, "per_device_train_batch_size": 16, "learning_rate": lr,
                                               "teacher": base, "distill": {"alpha": 0.5, "temperature": 2.0}})
+    return base, task
+
+
+def test_distill_recipe_prunes_by_taylor_finetunes_distilled_and_rebuilds(tmp_path: Path) -> None:
+    """The distill recipe: taylor pruning calibrated on training reviews, every weight fine-tuned from the
+    unpruned teacher, then MXINT; the trial's plan trains, and the exported point is rebuilt identically."""
+    from fxforge.examples.search_joint import tutorial_pick
+    from fxforge.search.runner import PLAN_ATTR, trial_result
+
+    base, task = _distill_setup(lr=1e-3)
     params = uniform(4, "distill", 0.5, 0.25)
     result = Search(space("distill"), ["accuracy", "weight_bits"], base=base, task=task, n_trials=1,
                     run_dir=tmp_path, enqueue=[params], progress=False).run()
@@ -78,18 +84,10 @@ def test_qat_recipe_quantizes_before_the_distilled_fine_tune_which_trains_throug
         tmp_path: Path) -> None:
     """The qat recipe: the graph is pruned and quantized before training, the fine-tune then changes the
     quantized layers' weights (straight-through gradients), and the exported point is rebuilt identically."""
-    from fxforge.models.bert import tiny_bert
     from fxforge.passes.quantize.modules import QuantizedLinear
-    from fxforge.search import TextClassificationTask
     from fxforge.search.runner import PLAN_ATTR, plan_pipelines
 
-    torch.manual_seed(0)
-    base = ForgeGraph(tiny_bert(hidden_size=16, intermediate_size=32), hf_input_names=["input_ids", "attention_mask",
-                                                                                       "labels"]).eval()
-    task = TextClassificationTask(train_size=32, eval_size=16, max_length=16, eval_batch_size=16, progress=False,
-                                  calibration_size=16,
-                                  train_args={"max_steps": 2, "per_device_train_batch_size": 16, "learning_rate": 1e-2,
-                                              "teacher": base, "distill": {"alpha": 0.5, "temperature": 2.0}})
+    base, task = _distill_setup(lr=1e-2)
     params = uniform(4, "qat", 0.5, 0.25, embedding=3)
     search = Search(space("qat"), ["accuracy", "weight_bits"], base=base, task=task, n_trials=1,
                     run_dir=tmp_path, enqueue=[params], progress=False)
