@@ -181,17 +181,14 @@ class SearchResult:
 
     def rebuild(self, trial: optuna.trial.FrozenTrial) -> ForgeGraph:
         """The trial's graph rebuilt from its stored plan (same steps on a fresh copy / a new NAS model)."""
-        from .runner import apply_steps, build_trial_graph, plan_pipelines
+        from .runner import build_trial_graph, plan_pipelines, run_plan
 
         if self.search is None:
             raise ValueError("rebuilding needs the Search that ran the study")
         plan = plan_from_json(trial.user_attrs[PLAN_ATTR])
         graph = build_trial_graph(self.search._bound, plan, self.search.base, self.search.capture)
-        before, after = plan_pipelines(plan, self.search.task, graph, f"trial {trial.number}")
-        graph = apply_steps(graph, before)
-        if plan.train and self.search.task is not None:
-            self.search.task.train(graph, None)
-        return apply_steps(graph, after)
+        return run_plan(graph, plan, plan_pipelines(plan, self.search.task, graph, f"trial {trial.number}"),
+                        self.search.task)
 
     def export(self, out_dir: str | Path, trials: Sequence[optuna.trial.FrozenTrial] | None = None) -> list[Path]:
         """Rebuild each front point (or the given trials) and export it as a checkpoint ``trial_<n>``."""

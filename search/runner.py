@@ -26,7 +26,8 @@ from .space import SearchSpace, TrialPlan
 from .storage import StorageSpec, batched_params, open_storage
 from .task import Task
 
-__all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", "plan_pipelines", "trial_pipeline"]
+__all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", "plan_pipelines", "run_plan",
+           "trial_pipeline"]
 
 SPACE_ATTR, BASELINE_ATTR, OBJECTIVES_ATTR = "fxforge_space", "fxforge_baseline", "fxforge_objectives"
 CONFIG_ATTR = "fxforge_config"
@@ -116,6 +117,19 @@ def plan_pipelines(plan: TrialPlan, task: Task | None, graph: ForgeGraph,
     (one place for a trial and for its rebuild, so both run the same thing)."""
     return (trial_pipeline(calibrated(plan.before_training(), task, graph), f"{label}: before training"),
             trial_pipeline(calibrated(plan.after_training(), task, graph), f"{label}: after training"))
+
+
+def run_plan(graph: ForgeGraph, plan: TrialPlan, pipelines: tuple[Pipeline | None, Pipeline | None],
+             task: Task | None, trial: optuna.Trial | None = None) -> ForgeGraph:
+    """The plan on ``graph``: the steps before training, the fine-tune (reporting to ``trial`` if given),
+    the steps after it (one place for a trial and for its rebuild)."""
+    before, after = pipelines
+    graph = apply_steps(graph, before)
+    if plan.train:
+        if task is None:
+            raise SearchError("this space fine-tunes every trial: pass a task that can train")
+        task.train(graph, trial)
+    return apply_steps(graph, after)
 
 
 def apply_steps(graph: ForgeGraph, pipeline: Pipeline | None) -> ForgeGraph:
@@ -285,14 +299,9 @@ class Search:
             return list(cached.values)
         t1 = time.perf_counter()
         graph = build_trial_graph(self._bound, plan, self.base, self.capture)
-        before, after = plan_pipelines(plan, self.task, graph, f"trial {trial.number}")
+        pipelines = plan_pipelines(plan, self.task, graph, f"trial {trial.number}")
         t2 = time.perf_counter()
-        graph = apply_steps(graph, before)
-        if plan.train:
-            if self.task is None:
-                raise SearchError("this space fine-tunes every trial: pass a task that can train")
-            self.task.train(graph, trial if len(self._objectives) == 1 else None)
-        graph = apply_steps(graph, after)
+        graph = run_plan(graph, plan, pipelines, self.task, trial if len(self._objectives) == 1 else None)
         t3 = time.perf_counter()
         values = {o.name: float(o.measure(graph, self.task)) for o in self._objectives}
         t4 = time.perf_counter()
