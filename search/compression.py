@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import SearchError
-from .space import SPACES, SearchSpace, TrialPlan, check_choices, space_from_spec, unknown_keys
+from .space import QAT_WITH_LORA, SPACES, SearchSpace, TrialPlan, check_choices, space_from_spec, unknown_keys
 
 if TYPE_CHECKING:
     import optuna
@@ -136,9 +136,8 @@ class JointSpace(SearchSpace):
         kinds = [s.kind for s in spaces]
         if len(set(kinds)) != len(kinds):
             raise SearchError(f"joint space: each kind at most once, got {kinds}")
-        if "lora" in kinds and any(getattr(s, "qat", False) for s in spaces):
-            raise SearchError("joint space: quantization-aware training (precision qat=True) cannot be combined "
-                              "with a LoRA space: the adapters are fused after training, undoing the quantization")
+        if "lora" in kinds and any(getattr(s, "qat", False) for s in spaces):  # refused here, before any trial
+            raise SearchError(f"joint space (precision qat=True with a LoRA space): {QAT_WITH_LORA}")
         self.spaces = tuple(spaces)
 
     def bind(self, graph: ForgeGraph | None) -> JointSpace:

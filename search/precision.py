@@ -69,7 +69,7 @@ class MixedPrecisionSpace(SearchSpace):
                                   f"parameters: {list(fmt.param_names)}")
             self.formats[name] = {p: check_choices(f"{name}.{p}", v if isinstance(v, list | tuple) else [v])
                                   for p, v in params.items()}
-        self._valid = {name: _valid_combinations(name, choices) for name, choices in self.formats.items()}
+        self._allowed = {name: _allowed_after(name, choices) for name, choices in self.formats.items()}
         bad_roles = [r for r in roles if r not in ROLES]
         if bad_roles or not roles:
             raise SearchError(f"precision space: roles must be a non-empty subset of {list(ROLES)}, got {list(roles)}")
@@ -128,10 +128,9 @@ class MixedPrecisionSpace(SearchSpace):
         """One role's parameters in order, each from the choices the earlier ones leave valid; a restricted
         parameter's name carries the values that restrict it, so a name always has the same choices."""
         chosen: dict[str, Any] = {}
-        valid = self._valid[fmt]
+        table = self._allowed[fmt]
         for param, values in self.formats[fmt].items():
-            allowed = values if valid is None else tuple(
-                v for v in values if any(c[param] == v and all(c[k] == chosen[k] for k in chosen) for c in valid))
+            allowed = values if table is None else table[tuple(chosen.values())]
             if len(allowed) == 1:
                 chosen[param] = allowed[0]
                 continue
@@ -152,25 +151,26 @@ class MixedPrecisionSpace(SearchSpace):
         return spec
 
 
-def _valid_combinations(fmt: str, choices: Mapping[str, tuple[Any, ...]]) -> list[dict[str, Any]] | None:
-    """Every combination of the choices the format accepts (None: too many to list, sample freely)."""
+def _allowed_after(fmt: str, choices: Mapping[str, tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]] | None:
+    """For every prefix of values the format can still complete validly, the values the next parameter may
+    take (in choice order); None when there are too many combinations to list (then sample freely)."""
     total = 1
     for values in choices.values():
         total *= len(values)
     if total > MAX_COMBINATIONS:
         return None
     fmt_def = get_format(fmt)
-    valid = []
+    allowed: dict[tuple[Any, ...], dict[Any, None]] = {}
     for combo in itertools.product(*choices.values()):
-        params = dict(zip(choices, combo))
         try:
-            check_role_params(fmt_def, params, fmt)
+            check_role_params(fmt_def, dict(zip(choices, combo)), fmt)
         except QuantizeConfigError:
             continue
-        valid.append(params)
-    if not valid:
+        for i, value in enumerate(combo):  # product order keeps each prefix's next values in choice order
+            allowed.setdefault(combo[:i], {})[value] = None
+    if not allowed:
         raise SearchError(f"precision space: no combination of the {fmt!r} choices {dict(choices)} is valid")
-    return valid
+    return {prefix: tuple(values) for prefix, values in allowed.items()}
 
 
 def _from_spec(spec: Mapping[str, Any]) -> MixedPrecisionSpace:

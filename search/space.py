@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from ..graph.forge_graph import ForgeGraph
 
-__all__ = ["SPACES", "SearchSpace", "Step", "TrialPlan", "check_choices", "space_from_spec"]
+__all__ = ["SPACES", "SearchSpace", "Step", "TrialPlan", "check_choices", "space_from_spec", "stage_of"]
 
 Step = tuple[str, Mapping[str, Any]]
 
@@ -39,6 +39,13 @@ TRAIN_STAGE = 2
 QAT_STEPS = ("quantize_transform_pass", "calibrate_analysis_pass", "calibrate_transform_pass")
 QAT_STAGE = 1.5
 LORA_STEPS = ("insert_lora_adapter_transform_pass", "fuse_lora_weights_transform_pass")
+QAT_WITH_LORA = ("quantization-aware training cannot be combined with LoRA: the adapters are fused into the "
+                 "weights after training, which would undo the quantization")
+
+
+def stage_of(name: str, qat: bool = False) -> float:
+    """Where a pass runs in a plan (:data:`STAGES`; under qat, quantization moves before training)."""
+    return QAT_STAGE if qat and name in QAT_STEPS else STAGES.get(name, 99)
 
 
 @dataclass(frozen=True)
@@ -58,18 +65,13 @@ class TrialPlan:
 
     def __post_init__(self) -> None:
         if self.qat and any(name in LORA_STEPS for name, _ in self.steps):
-            raise SearchError("quantization-aware training cannot be combined with LoRA: the adapters are fused "
-                              "into the weights after training, which would undo the quantization")
-
-    def stage(self, name: str) -> float:
-        """Where a pass runs in this plan (:data:`STAGES`; under qat, quantization moves before training)."""
-        return QAT_STAGE if self.qat and name in QAT_STEPS else STAGES.get(name, 99)
+            raise SearchError(QAT_WITH_LORA)
 
     def before_training(self) -> tuple[Step, ...]:
-        return tuple(s for s in self.steps if self.stage(s[0]) < TRAIN_STAGE)
+        return tuple(s for s in self.steps if stage_of(s[0], self.qat) < TRAIN_STAGE)
 
     def after_training(self) -> tuple[Step, ...]:
-        return tuple(s for s in self.steps if self.stage(s[0]) > TRAIN_STAGE)
+        return tuple(s for s in self.steps if stage_of(s[0], self.qat) > TRAIN_STAGE)
 
     def to_json(self) -> dict[str, Any]:
         doc = {"steps": [[name, jsonable(args)] for name, args in self.steps], "train": self.train,
@@ -88,8 +90,7 @@ class TrialPlan:
         if self.model_config is not None and other.model_config is not None:
             raise SearchError("a joint space may hold at most one NAS space")
         qat = self.qat or other.qat
-        order = TrialPlan(qat=qat)
-        steps = sorted((*self.steps, *other.steps), key=lambda s: order.stage(s[0]))
+        steps = sorted((*self.steps, *other.steps), key=lambda s: stage_of(s[0], qat))
         return TrialPlan(tuple(steps), self.train or other.train,
                          self.model_config if self.model_config is not None else other.model_config,
                          (*self.identity_layers, *other.identity_layers), {**self.params, **other.params}, qat)

@@ -157,5 +157,5 @@ def test_qat_moves_quantization_before_the_fine_tune_and_refuses_lora() -> None:
     spec = JointSpace(pruning, precision).to_spec()
     assert space_from_spec(spec).to_spec() == spec and spec["spaces"][1]["qat"] is True
     assert "qat" not in ptq.to_spec()["spaces"][1]  # studies stored before the option keep their spec
-    with pytest.raises(SearchError, match="cannot be combined with a LoRA space"):
+    with pytest.raises(SearchError, match="precision qat=True with a LoRA space.*cannot be combined with LoRA"):
         JointSpace(precision, LoRARankSpace([4]))
