@@ -54,10 +54,21 @@ def _sum_to(x: Tensor, shape: torch.Size) -> Tensor:
     return x.sum_to_size(*shape, 2) if x.shape[:-1] != shape else x
 
 
+def _rfft(x: Tensor, n: int, dim: int) -> Tensor:
+    """``rfft(x, n, dim)`` on a copy laid out with ``dim`` innermost (stride 1), zero-padded to ``n``.
+
+    MKL's batched real FFT along a strided dim (AFNO's tokens, with channels innermost) ran at half the
+    speed measured here (1.27 vs 0.55 ms for 256 x 2048), and under ``torch.compile`` the padded buffer
+    keeps its input's layout unless asked; the copy this makes is the padding copy ``rfft`` makes anyway.
+    """
+    moved = _to_length(x, dim, n).movedim(dim, -1).contiguous()
+    return torch.fft.rfft(moved, dim=-1).movedim(-1, dim)
+
+
 class _FFTConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, n: int, dim: int) -> Tensor:  # type: ignore[override]
-        fa, fb = torch.fft.rfft(a, n=n, dim=dim), torch.fft.rfft(b, n=n, dim=dim)
+        fa, fb = _rfft(a, n, dim), _rfft(b, n, dim)
         ctx.save_for_backward(fa, fb)
         ctx.n, ctx.dim, ctx.len_a, ctx.len_b = n, dim, a.shape[dim], b.shape[dim]
         return torch.fft.irfft(torch.view_as_complex(_real_product(fa, fb, conj_y=False)), n=n, dim=dim)
@@ -66,7 +77,7 @@ class _FFTConv(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:  # type: ignore[override]
         fa, fb = ctx.saved_tensors
         n, dim = ctx.n, ctx.dim
-        fg = torch.fft.rfft(grad, n=n, dim=dim)
+        fg = _rfft(grad, n, dim)
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             spec = torch.view_as_complex(_sum_to(_real_product(fg, fb, conj_y=True), fa.shape).contiguous())
