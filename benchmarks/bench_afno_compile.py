@@ -7,9 +7,12 @@ compile), medians of one run, torch threads fixed (``--threads``). Ratios are ag
 real-arithmetic compiled <= 0.8x) and eager attention; ``pair`` is the median of per-round ratios.
 
 ``gemm`` is the share of eager AFNO's fwd+bwd spent in matrix multiplies (``aten::mm``/``bmm``/``addmm``,
-one profiled step): Inductor calls the same BLAS for them, so ``gemm`` bounds from below what any
-compilation of this model can reach. ``--mode`` passes a torch.compile mode (e.g.
-``max-autotune-no-cudagraphs``) to both compiled variants.
+one profiled step). ``floor`` is the time the compiled real-arithmetic step spends in matrix multiplies
+and FFTs (one profiled step) over the eager median: Inductor calls the same MKL routines for both, so no
+compilation of this model reaches a ratio below ``floor`` plus whatever its fused kernels cost
+(``kernels``: the rest of the compiled step, same units). ``--mode`` passes a torch.compile mode (e.g.
+``max-autotune-no-cudagraphs``) to both compiled variants. The real-arithmetic variant also runs
+mask_free_activations_transform_pass (``--no-mask-free`` leaves it out).
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from ..graph.forge_graph import ForgeGraph
 from ..models.gpt import GPT, GPTConfig
 from ..passes.analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from ..passes.transform.afno_real import afno_real_arithmetic_transform_pass
+from ..passes.transform.mask_free import mask_free_activations_transform_pass
 from .bench_afno_vs_attn import fwd_bwd_seconds
 from .timing import interleaved
 
 GEMM_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm"})
+FFT_OPS = frozenset({"aten::_fft_r2c", "aten::_fft_c2r", "aten::_fft_c2c"})
 
 
 def build(length: int, args: argparse.Namespace) -> dict[str, nn.Module]:
@@ -44,6 +49,9 @@ def build(length: int, args: argparse.Namespace) -> dict[str, nn.Module]:
     mg, _ = add_common_metadata_analysis_pass(mg)
     mg, info = afno_real_arithmetic_transform_pass(mg)
     assert info.rewritten == info.fft_convs == args.n_layer and not info.complex_ops_after, info
+    if args.mask_free:
+        mg, masks = mask_free_activations_transform_pass(mg)
+        assert masks.rewritten == {"relu": args.n_layer, "softshrink": args.n_layer}, masks
     return {
         "afno-eager": gpt("afno"),
         "afno-compiled": torch.compile(gpt("afno"), dynamic=False, mode=args.mode),
@@ -52,13 +60,20 @@ def build(length: int, args: argparse.Namespace) -> dict[str, nn.Module]:
     }
 
 
-def gemm_share(model: nn.Module, idx: torch.Tensor) -> float:
-    """Fraction of one fwd+bwd's self CPU time spent in matrix multiplies (one profiled step)."""
+def split_step(model: nn.Module, idx: torch.Tensor) -> dict[str, float]:
+    """Seconds of one profiled fwd+bwd spent in matrix multiplies, in FFTs, and in everything else."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fwd_bwd_seconds(model, idx)  # type: ignore[arg-type]
     events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    return sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS) / max(total, 1e-9)
+    parts = {"gemm": 0.0, "fft": 0.0, "total": 0.0}
+    for e in events:
+        seconds = e.self_cpu_time_total / 1e6
+        parts["total"] += seconds
+        if e.key in GEMM_OPS:
+            parts["gemm"] += seconds
+        elif e.key in FFT_OPS:
+            parts["fft"] += seconds
+    return parts
 
 
 def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
@@ -72,6 +87,8 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds (the first compiles)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--mode", default=None, help="torch.compile mode (default: torch's default mode)")
+    p.add_argument("--no-mask-free", dest="mask_free", action="store_false",
+                   help="compile the real-arithmetic graph without mask_free_activations_transform_pass")
     p.add_argument("--cpp-wrapper", action="store_true",
                    help="Inductor's C++ wrapper (no Python between the compiled kernels) for both compiled variants")
     args = p.parse_args(argv)
@@ -85,10 +102,12 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     print(f"GPT n_embd={args.n_embd} n_layer={args.n_layer} batch={args.batch_size}, fwd+bwd median of "
           f"{args.repeats} (+{args.warmup} warm-up), torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"compile mode {args.mode or 'default'}{', cpp wrapper' if args.cpp_wrapper else ''}, "
+          f"mask-free activations {'on' if args.mask_free else 'off'}, "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     results: dict[tuple[str, int], float] = {}
     pairs: dict[int, float] = {}
     gemm: dict[int, float] = {}
+    compiled: dict[int, dict[str, float]] = {}
     for length in args.lengths:
         models = build(length, args)
         idx = torch.randint(0, 256, (args.batch_size, length), generator=torch.Generator().manual_seed(0))
@@ -98,16 +117,24 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
             results[(name, length)] = seconds
             print(f"  T={length:5d} {name:20s} {seconds * 1000:9.1f} ms", flush=True)
         pairs[length] = timings.pair_ratio("afno-real-compiled", "afno-eager")
-        gemm[length] = gemm_share(models["afno-eager"], idx)
+        eager = split_step(models["afno-eager"], idx)
+        gemm[length] = eager["gemm"] / eager["total"]
+        compiled[length] = split_step(models["afno-real-compiled"], idx)
+        c = {part: seconds * 1000 for part, seconds in compiled[length].items()}
+        print(f"  T={length:5d} afno-real-compiled, one profiled step: matrix multiplies {c['gemm']:.1f} ms, "
+              f"FFTs {c['fft']:.1f} ms, the rest {c['total'] - c['gemm'] - c['fft']:.1f} ms", flush=True)
     print("\n    T  afno-compiled/eager  afno-real-compiled/eager (pair)  afno-real-compiled/attn-eager  "
-          "afno-eager/attn  gemm")
+          "afno-eager/attn  gemm  floor  kernels")
     for length in args.lengths:
         r = {name: results[(name, length)] for name in ("afno-eager", "afno-compiled", "afno-real-compiled",
                                                           "attn-eager")}
+        c = compiled[length]
+        floor = (c["gemm"] + c["fft"]) / r["afno-eager"]
+        kernels = (c["total"] - c["gemm"] - c["fft"]) / r["afno-eager"]
         print(f"{length:6d} {r['afno-compiled'] / r['afno-eager']:20.2f} "
               f"{r['afno-real-compiled'] / r['afno-eager']:25.2f} ({pairs[length]:.2f}) "
               f"{r['afno-real-compiled'] / r['attn-eager']:30.2f} {r['afno-eager'] / r['attn-eager']:16.2f} "
-              f"{gemm[length]:5.2f}")
+              f"{gemm[length]:5.2f} {floor:6.2f} {kernels:8.2f}")
     print(f"load average at the end {os.getloadavg()[0]:.2f} (other processes skew absolute times)")
     return results
 

@@ -39,6 +39,7 @@ from .transform.afno_real import afno_real_arithmetic_transform_pass
 from .transform.freeze import freeze_transform_pass, unfreeze_transform_pass
 from .transform.fuse_kernels import fuse_kernels_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
+from .transform.mask_free import mask_free_activations_transform_pass
 from .transform.remove_dropout import remove_dropout_transform_pass
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "shrink_transform_pass",
     "fuse_kernels_transform_pass",
     "afno_real_arithmetic_transform_pass",
+    "mask_free_activations_transform_pass",
     "cse_transform_pass",
     "dce_transform_pass",
     "hoist_parameter_subgraphs_transform_pass",
