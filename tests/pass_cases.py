@@ -70,6 +70,7 @@ CASES: dict[str, PassCase] = {
     "fold_constants_transform_pass": PassCase(_none),
     "fuse_kernels_transform_pass": PassCase(_none, _SHAPES),
     "afno_real_arithmetic_transform_pass": PassCase(_none, _SHAPES),
+    "mask_free_activations_transform_pass": PassCase(_none),
 }
 
 

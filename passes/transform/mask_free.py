@@ -66,14 +66,14 @@ class _Softshrink(torch.autograd.Function):
 
 def mask_free_relu(x: Tensor) -> Tensor:
     """``F.relu(x)``; under ``torch.compile`` its backward keeps a float mask (see the module doc)."""
-    if not torch.compiler.is_compiling() or not x.requires_grad:
+    if not (torch.compiler.is_compiling() and x.requires_grad and torch.is_grad_enabled()):
         return F.relu(x)
     return _ReLU.apply(x)
 
 
 def mask_free_softshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
     """``F.softshrink(x, lambd)``; under ``torch.compile`` its backward keeps a float mask."""
-    if not torch.compiler.is_compiling() or not x.requires_grad:
+    if not (torch.compiler.is_compiling() and x.requires_grad and torch.is_grad_enabled()):
         return F.softshrink(x, lambd)
     return _Softshrink.apply(x, lambd)
 
