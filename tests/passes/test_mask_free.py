@@ -17,6 +17,7 @@ from functorch.compile import make_boxed_func, min_cut_rematerialization_partiti
 from torch._dynamo.backends.common import aot_autograd
 
 from fxforge import ForgeGraph, passes
+from fxforge.graph.metadata import get_meta
 from fxforge.passes.transform.afno_real import afno_real_arithmetic_transform_pass
 from fxforge.passes.transform.mask_free import (
     MaskFreeArgs,
@@ -109,6 +110,9 @@ def test_afno_gpt_outputs_and_gradients_unchanged(frontend: str) -> None:
     mg, info = mask_free_activations_transform_pass(base.copy())
     assert info.rewritten == {"relu": 2, "softshrink": 2} and info.skipped == ()
     assert sum(n.target in (mask_free_relu, mask_free_softshrink) for n in mg.model.graph.nodes) == 4
+    fresh = _meta(mg.copy())  # the metadata the rewrite left equals what the metadata passes compute afresh
+    assert all(get_meta(a).common.to_json() == get_meta(b).common.to_json()
+               for a, b in zip(mg.model.graph.nodes, fresh.model.graph.nodes, strict=True))
     compiled = torch.compile(mg.model, backend="aot_eager", dynamic=False)
     for seq in (16, 32):
         x = torch.randint(0, 64, (2, seq))

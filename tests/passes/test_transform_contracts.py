@@ -58,6 +58,7 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "fold_constants": ("fold_constants_transform_pass", {}, [], None),
     "fuse_kernels": ("fuse_kernels_transform_pass", {}, [], None),
     "afno_real": ("afno_real_arithmetic_transform_pass", {}, [], None),  # no complex products in BERT: a no-op
+    "mask_free": ("mask_free_activations_transform_pass", {}, [], None),  # no ReLU in BERT: tests/passes/test_mask_free
 }
 
 
