@@ -118,7 +118,9 @@ def _call(node: fx.Node, gm: fx.GraphModule, op: str) -> tuple[Any, ...] | None:
         module = gm.get_submodule(str(node.target))
         if len(node.args) != 1 or node.kwargs or getattr(module, "inplace", False):
             return None
-        return (x,) if isinstance(module, nn.ReLU) else (x, float(getattr(module, "lambd", 0.5)))
+        if isinstance(module, nn.ReLU):
+            return (x,)
+        return (x, float(module.lambd)) if isinstance(module, nn.Softshrink) else None
     if op == "relu":
         inplace = node.kwargs.get("inplace") or (len(node.args) > 1 and node.args[1])
         in_place_op = "relu_" in str(getattr(node.target, "__name__", node.target)).split(".")

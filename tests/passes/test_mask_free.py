@@ -125,17 +125,18 @@ def test_afno_gpt_outputs_and_gradients_unchanged(frontend: str) -> None:
 
 
 class _Forms(nn.Module):
-    """ReLU as a function, a module and in place; a softshrink."""
+    """ReLU as a function, a module and in place; softshrink as a function and a module."""
 
     def __init__(self) -> None:
         super().__init__()
         self.act = nn.ReLU()
+        self.shrink = nn.Softshrink(0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = F.relu(x)
         b = self.act(x * 2)
         c = F.relu(x * 3, inplace=True)
-        return a + b + c + F.softshrink(x, lambd=0.25)
+        return a + b + c + F.softshrink(x, lambd=0.25) + self.shrink(x)
 
 
 def test_args_are_validated_and_selectors_apply() -> None:
@@ -149,7 +150,8 @@ def test_args_are_validated_and_selectors_apply() -> None:
     assert info.rewritten == {"relu": 1} and info.names == ("relu",) and info.skipped == ("relu_1",)
     assert MaskFreeArgs().ops == ("relu", "softshrink")
     mg, info = mask_free_activations_transform_pass(base.copy())
-    assert info.rewritten == {"relu": 2, "softshrink": 1} and info.skipped == ("relu_1",)  # in place: left alone
+    assert info.rewritten == {"relu": 2, "softshrink": 2} and info.skipped == ("relu_1",)  # in place: left alone
+    assert [n.args[1] for n in mg.model.graph.nodes if n.target is mask_free_softshrink] == [0.25, 0.1]
     assert torch.equal(mg(x), base(x))
 
 
