@@ -84,6 +84,18 @@ def make_gpt(mixer: str = "attn", **overrides: object) -> nn.Module:
     return GPT(GPTConfig(**cfg)).eval()  # type: ignore[arg-type]
 
 
+def assert_reloads_and_exports(mg: Any, idx: torch.Tensor, path: Path, target: Any, count: int) -> None:
+    """A rewritten graph calling ``target`` ``count`` times survives a checkpoint round trip (same outputs,
+    same calls) and ``torch.export``."""
+    from fxforge import ForgeGraph
+
+    loaded = ForgeGraph.from_checkpoint(mg.export(path))
+    assert sum(n.target is target for n in loaded.model.graph.nodes) == count
+    torch.testing.assert_close(loaded(idx), mg(idx))
+    ep = torch.export.export(mg.model, (idx,))
+    torch.testing.assert_close(ep.module()(idx), mg(idx))
+
+
 def make_agru() -> nn.Module:
     from fxforge.models.agru import AGRUClassifier
 

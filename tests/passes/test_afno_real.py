@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from conftest import make_gpt
+from conftest import assert_reloads_and_exports, make_gpt
 
 from fxforge import ForgeGraph, passes
 from fxforge.passes.transform.afno_real import afno_real_arithmetic_transform_pass
@@ -80,8 +80,4 @@ def test_graph_without_complex_products_is_unchanged() -> None:
 def test_rewritten_graph_reloads_and_exports(tmp_path: Path) -> None:
     idx = torch.randint(0, 64, (2, 16))
     mg, _ = afno_real_arithmetic_transform_pass(_meta(ForgeGraph(make_gpt("afno"), example_inputs=idx)))
-    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "afno_real"))
-    assert sum(n.target is fft_conv for n in loaded.model.graph.nodes) == 2
-    torch.testing.assert_close(loaded(idx), mg(idx))
-    ep = torch.export.export(mg.model, (idx,))
-    torch.testing.assert_close(ep.module()(idx), mg(idx))
+    assert_reloads_and_exports(mg, idx, tmp_path / "afno_real", fft_conv, 2)

@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import make_gpt
+from conftest import assert_reloads_and_exports, make_gpt
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 from torch._dynamo.backends.common import aot_autograd
 
@@ -166,8 +166,4 @@ def test_graph_without_the_activations_is_unchanged() -> None:
 def test_rewritten_graph_reloads_and_exports(tmp_path: Path) -> None:
     idx = torch.randint(0, 64, (2, 16))
     mg, _ = mask_free_activations_transform_pass(_meta(ForgeGraph(make_gpt("afno"), example_inputs=idx)))
-    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "mask_free"))
-    assert sum(n.target is mask_free_softshrink for n in loaded.model.graph.nodes) == 2
-    torch.testing.assert_close(loaded(idx), mg(idx))
-    ep = torch.export.export(mg.model, (idx,))
-    torch.testing.assert_close(ep.module()(idx), mg(idx))
+    assert_reloads_and_exports(mg, idx, tmp_path / "mask_free", mask_free_softshrink, 2)
