@@ -32,8 +32,8 @@ from ...graph.forge_graph import ForgeGraph
 from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo
 from ..rewrite import GraphRewrite
-from ..select import Selector, node_identity
-from .fusion_patterns import arg, op_of
+from ..select import Selector, select_nodes
+from .fusion_patterns import arg
 
 __all__ = ["MASK_FREE_OPS", "mask_free_relu", "mask_free_softshrink", "mask_free_activations_transform_pass"]
 
@@ -111,7 +111,7 @@ class MaskFreeInfo(PassInfo):
 
 def _call(node: fx.Node, gm: fx.GraphModule, op: str) -> tuple[Any, ...] | None:
     """``(input,)`` for a ReLU, ``(input, lambd)`` for a softshrink, or None for forms not rewritten."""
-    x = arg(node, 0, "input") if node.op != "call_method" else (node.args[0] if node.args else None)
+    x = arg(node, 0, "input")  # a method's self is its argument 0
     if not isinstance(x, fx.Node):
         return None
     if node.op == "call_module":
@@ -136,18 +136,13 @@ def mask_free_activations_transform_pass(graph: ForgeGraph,
                                          args: MaskFreeArgs) -> tuple[ForgeGraph, MaskFreeInfo]:
     """Rewrite ReLU / softshrink nodes into :func:`mask_free_relu` / :func:`mask_free_softshrink`."""
     gm = graph.model
-    include, skip = Selector.parse(args.targets), Selector.parse(args.exclude)
     rewritten: dict[str, int] = {}
     names: list[str] = []
     skipped: list[str] = []
+    targets = args.targets if args.targets is not None else {"type": list(args.ops)}
     with GraphRewrite(gm) as rw:
-        for node in list(gm.graph.nodes):
-            op = op_of(node, gm)
-            if node.op not in ("call_module", "call_function", "call_method") or op not in args.ops:
-                continue
-            name, module, canonical = node_identity(node, gm)
-            if (not include.empty and not include.matches(name, module, canonical)) \
-                    or skip.matches(name, module, canonical):
+        for node, name, _, op in list(select_nodes(gm, targets, args.exclude)):
+            if op not in args.ops:
                 continue
             call = _call(node, gm, op)
             if call is None:

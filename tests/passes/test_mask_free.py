@@ -125,7 +125,7 @@ def test_afno_gpt_outputs_and_gradients_unchanged(frontend: str) -> None:
 
 
 class _Forms(nn.Module):
-    """ReLU as a function, a module and in place; softshrink as a function and a module."""
+    """ReLU as a function, a module and in place (a flag, an op); softshrink as a function and a module."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -136,7 +136,8 @@ class _Forms(nn.Module):
         a = F.relu(x)
         b = self.act(x * 2)
         c = F.relu(x * 3, inplace=True)
-        return a + b + c + F.softshrink(x, lambd=0.25) + self.shrink(x)
+        d = torch.relu_(x * 4)
+        return a + b + c + d + F.softshrink(x, lambd=0.25) + self.shrink(x)
 
 
 def test_args_are_validated_and_selectors_apply() -> None:
@@ -147,10 +148,13 @@ def test_args_are_validated_and_selectors_apply() -> None:
     with pytest.raises(passes.PassArgsError, match="ops"):
         mask_free_activations_transform_pass(base.copy(), {"op": ["relu"]})
     mg, info = mask_free_activations_transform_pass(base.copy(), {"ops": ["relu"], "exclude": {"name": "act"}})
-    assert info.rewritten == {"relu": 1} and info.names == ("relu",) and info.skipped == ("relu_1",)
+    assert info.rewritten == {"relu": 1} and info.names == ("relu",) and info.skipped == ("relu_1", "relu_")
+    _, info = mask_free_activations_transform_pass(base.copy(), {"targets": {"name": ["act", "softshrink"]},
+                                                                 "ops": ["relu"]})
+    assert info.rewritten == {"relu": 1} and info.names == ("act",)  # targets and ops both restrict
     assert MaskFreeArgs().ops == ("relu", "softshrink")
     mg, info = mask_free_activations_transform_pass(base.copy())
-    assert info.rewritten == {"relu": 2, "softshrink": 2} and info.skipped == ("relu_1",)  # in place: left alone
+    assert info.rewritten == {"relu": 2, "softshrink": 2} and info.skipped == ("relu_1", "relu_")  # in place
     assert [n.args[1] for n in mg.model.graph.nodes if n.target is mask_free_softshrink] == [0.25, 0.1]
     assert torch.equal(mg(x), base(x))
 
