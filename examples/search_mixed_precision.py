@@ -24,8 +24,6 @@ from fxforge.search import Constraint, MixedPrecisionSpace, Search  # noqa: E402
 from fxforge.search.objectives import avg_weight_bits  # noqa: E402
 from fxforge.search.precision import TUTORIAL_FIXED_POINT  # noqa: E402
 
-WIDTHS = TUTORIAL_FIXED_POINT  # the tutorial's choices: per layer and role, a width and a fraction width
-
 
 def uniform(width: int, frac: int) -> list[tuple[str, dict]]:
     cfg = {"name": "integer", **{f"{r}_{k}": v for r in ("data_in", "weight", "bias")
@@ -53,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         g, _ = Pipeline(uniform(width, frac), name=f"uniform integer {width}/{frac}", verify=False)(base)
         print(f"  integer {width}/{frac} everywhere: accuracy {task.accuracy(g):.3f}, "
               f"avg weight bits {avg_weight_bits(g):.2f}")
-    space = MixedPrecisionSpace({"integer": WIDTHS}, roles=("data_in", "weight"), per="layer")
+    space = MixedPrecisionSpace({"integer": TUTORIAL_FIXED_POINT}, roles=("data_in", "weight"), per="layer")
     result = Search(space, ["accuracy", "avg_weight_bits"], base=base, task=task, n_trials=args.trials,
                     sampler=args.sampler, constraints=[Constraint("accuracy", max_drop=0.01)], run_dir=run,
                     study_name="mixed-precision", resume=args.resume).run()

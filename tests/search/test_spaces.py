@@ -79,10 +79,10 @@ def test_precision_space_validates_and_prunes_bad_widths() -> None:
 def test_per_layer_fixed_point_space_samples_only_valid_widths(bert_graph) -> None:
     """MASE's tutorial space (widths and fraction widths drawn independently) is almost never valid over
     every layer at once: 0.76 per layer and role. Fraction widths are drawn from what the width admits."""
-    from fxforge.examples.search_mixed_precision import WIDTHS  # the tutorial 6/10 example's choices
+    from fxforge.search.precision import TUTORIAL_FIXED_POINT  # the tutorial 6/10 example's choices
 
-    assert WIDTHS == {"width": [2, 3, 4, 6, 8], "frac_width": [1, 2, 3, 4, 5]}
-    space = MixedPrecisionSpace({"integer": WIDTHS}, roles=("data_in", "weight"), per="layer").bind(bert_graph)
+    space = MixedPrecisionSpace({"integer": TUTORIAL_FIXED_POINT}, roles=("data_in", "weight"), per="layer")
+    space = space.bind(bert_graph)
     assert len(space.keys()) >= 8
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen: dict[int, set[int]] = {}
