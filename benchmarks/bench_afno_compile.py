@@ -6,9 +6,9 @@ timed in the same rounds (benchmarks/timing.py: interleaved, order rotating, aft
 compile), medians of one run, torch threads fixed (``--threads``). Ratios are against eager AFNO (target:
 real-arithmetic compiled <= 0.8x) and eager attention; ``pair`` is the median of per-round ratios.
 
-``gemm`` is the share of eager AFNO's fwd+bwd spent in matrix multiplies (``aten::mm``/``bmm``/``addmm``,
-one profiled step). ``floor`` is the time the compiled real-arithmetic step spends in matrix multiplies
-and FFTs (one profiled step) over the eager median: Inductor calls the same MKL routines for both, so no
+``gemm`` is the share of eager AFNO's fwd+bwd spent in matrix multiplies (``aten::mm``/``bmm``/``addmm``;
+the fastest of three profiled steps). ``floor`` is the time the compiled real-arithmetic step spends in
+matrix multiplies and FFTs (likewise) over the eager median: Inductor calls the same MKL routines for both, so no
 compilation of this model reaches a ratio below ``floor`` plus whatever its fused kernels cost
 (``kernels``: the rest of the compiled step, same units; not printed with ``--cpp-wrapper``, whose
 compiled code calls MKL out of the profiler's sight). ``--mode`` passes a torch.compile mode (e.g.
