@@ -9,6 +9,7 @@ output widths match may optionally be replaced by ``nn.Identity`` per trial.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from .space import SPACES, SearchSpace, TrialPlan, check_choices, unknown_keys
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["NASSpace", "build_config", "resolve_hf_class"]
+__all__ = ["NASSpace", "build_config", "config_fields", "resolve_hf_class"]
 
 
 def resolve_hf_class(name: str, base: str) -> type:
@@ -43,6 +44,18 @@ def build_config(config_class: str, base: Mapping[str, Any], overrides: Mapping[
     for key, value in overrides.items():
         setattr(config, key, value)
     return config
+
+
+def config_fields(cls: type) -> set[str]:
+    """Names a config class really uses: its serialised fields, its ``attribute_map`` aliases (GPT2's
+    ``num_hidden_layers`` → ``n_layer``) and public properties with a setter (``num_labels``, stored as
+    ``id2label``, is not in ``to_dict()``)."""
+    import inspect
+
+    defaults = cls()
+    settable = {k for k in dir(cls) if not k.startswith("_")
+                and isinstance(inspect.getattr_static(cls, k), property) and inspect.getattr_static(cls, k).fset}
+    return set(defaults.to_dict()) | set(getattr(cls, "attribute_map", {})) | settable
 
 
 class NASSpace(SearchSpace):
@@ -68,11 +81,11 @@ class NASSpace(SearchSpace):
         self.choices = {str(k): check_choices(f"nas choice {k!r}", v) for k, v in dict(choices).items()}
         if not self.choices:
             raise SearchError("nas space: 'choices' is empty: name at least one config field to search")
-        defaults = resolve_hf_class(config_class, "PretrainedConfig")()
-        fields = set(defaults.to_dict()) | {k for k in dir(defaults) if not k.startswith("_")}
-        unknown = sorted(k for k in (*self.choices, *self.base) if k not in defaults.to_dict())
+        fields = config_fields(resolve_hf_class(config_class, "PretrainedConfig"))
+        unknown = sorted(k for k in (*self.choices, *self.base) if k not in fields)
         if unknown:
-            close = sorted(f for f in fields if any(u.split("_")[-1] in f for u in unknown))[:8]
+            close = sorted({f for u in unknown for f in difflib.get_close_matches(u, fields, n=4, cutoff=0.6)}
+                           | {f for f in fields if any(u.split("_")[-1] in f for u in unknown)})[:8]
             raise SearchError(f"{config_class} has no field(s) {unknown} (setting them would silently do nothing); "
                               f"similar fields: {close}")
         self.identity = tuple(re.compile(p) for p in identity)

@@ -52,3 +52,17 @@ def test_median_pruner_is_fed_intermediate_accuracy(task: TextClassificationTask
     assert trained and all(set(t.intermediate_values) <= {2, 4} for t in trained)
     with pytest.raises(Exception, match="pruners need a single objective"):
         Search(SPACE, ["accuracy", "param_count"], task=task, pruner="median", run_dir=tmp_path / "x")
+
+
+def test_base_may_set_config_properties_like_num_labels() -> None:
+    """``num_labels`` is a BertConfig property (stored as id2label, absent from to_dict()): the NAS example
+    sets it in ``base``; it is accepted and takes effect, while a name no config knows is still refused."""
+    space = NASSpace("BertConfig", {"num_hidden_layers": [1]},
+                     base={"vocab_size": 64, "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 8,
+                           "max_position_embeddings": 16, "num_labels": 3})
+    model = space.build_model({"num_hidden_layers": 1}, ())
+    assert model.classifier.out_features == 3 and model.config.num_labels == 3
+    with pytest.raises(Exception, match=r"no field\(s\) \['num_labelz'\].*similar fields: \[.*'num_labels'"):
+        NASSpace("BertConfig", {"num_hidden_layers": [1]}, base={"num_labelz": 2})
+    with pytest.raises(Exception, match=r"no field\(s\) \['num_layers'\]"):
+        NASSpace("BertConfig", {"num_layers": [1, 2]})
