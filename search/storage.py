@@ -10,8 +10,9 @@ Both kinds are what ``optuna-dashboard`` reads (``optuna-dashboard <journal file
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,11 @@ from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 
 from .errors import SearchError
 
-__all__ = ["StorageSpec", "open_storage", "batched_params"]
+__all__ = ["BufferedJournalBackend", "BufferedJournalStorage", "StorageSpec", "batched_params", "open_storage"]
 
 JOURNAL_NAME = "study.journal"
 
@@ -63,7 +64,7 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
     if kind == "journal":
         path = Path(spec.url) if spec.url else run_dir / JOURNAL_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
+        return BufferedJournalStorage(str(path))
     url = _sqlalchemy_url(str(spec.url))
     kwargs: dict[str, object] = {}
     if kind == "postgresql":
@@ -107,113 +108,70 @@ def _ping_after_idle(engine: Any, idle_s: float) -> None:
     sqlalchemy.event.listen(engine, "checkout", checkout)
 
 
-class _ParamBuffer:
-    """Stands in for a trial's storage while it samples: parameter and user-attribute writes are
-    collected, everything else passes through."""
+class _Pending(threading.local):
+    """Per thread: the journal writes held back inside :func:`batched_params` (None outside it)."""
 
-    def __init__(self, storage: optuna.storages.BaseStorage) -> None:
-        self._storage = storage
-        self.pending: list[tuple[int, str, float, optuna.distributions.BaseDistribution]] = []
-        self.attrs: list[tuple[int, str, Any]] = []
-
-    def set_trial_param(self, trial_id: int, name: str, value: float,
-                        distribution: optuna.distributions.BaseDistribution) -> None:
-        self.pending.append((trial_id, name, value, distribution))
-
-    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self.attrs.append((trial_id, key, value))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._storage, name)
+    logs: dict[BufferedJournalBackend, list[dict[str, Any]]] | None = None
 
 
-def _write_batch(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> None:
-    """A trial's parameters (and user attributes) in one write where the storage allows it: Optuna's RDB
-    storage otherwise commits each in its own transaction (16 parameters: 16 transactions and a re-read of
-    the trial row for each, the largest per-trial cost on PostgreSQL), and its journal appends and fsyncs
-    each as its own record. Any other storage (or an Optuna whose internals differ) gets the writes one
-    by one, as Optuna makes them."""
-    if len({trial_id for trial_id, *_ in [*pending, *attrs]}) == 1 and (
-            _write_rdb(storage, pending, attrs) or _write_journal(storage, pending, attrs)):
-        return
-    for trial_id, name, value, dist in pending:
-        storage.set_trial_param(trial_id, name, value, dist)
-    for trial_id, key, value in attrs:
-        storage.set_trial_user_attr(trial_id, key, value)
+_PENDING = _Pending()
 
 
-def _write_journal(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> bool:
-    """Optuna's journal records for the batch, appended with one fsync, then replayed as Optuna replays its
-    own (which refuses a distribution incompatible with the study's, as one-by-one writes do)."""
-    try:
-        from optuna.storages.journal._storage import JournalOperation
-    except ImportError:  # pragma: no cover - a future Optuna
-        return False
-    if not isinstance(storage, JournalStorage) or not all(
-            hasattr(storage, a) for a in ("_backend", "_replay_result", "_thread_lock", "_sync_with_backend")):
-        return False
-    with storage._thread_lock:
-        worker = storage._replay_result.worker_id
-        logs: list[dict[str, Any]] = [
-            {"op_code": JournalOperation.SET_TRIAL_PARAM, "worker_id": worker, "trial_id": trial_id,
-             "param_name": name, "param_value_internal": value,
-             "distribution": optuna.distributions.distribution_to_json(dist)}
-            for trial_id, name, value, dist in pending]
-        logs += [{"op_code": JournalOperation.SET_TRIAL_USER_ATTR, "worker_id": worker, "trial_id": trial_id,
-                  "user_attr": {key: value}} for trial_id, key, value in attrs]
-        storage._backend.append_logs(logs)
-        storage._sync_with_backend()
-    return True
+class BufferedJournalBackend(BaseJournalBackend):
+    """A journal backend (Optuna's public ``BaseJournalBackend`` interface) around the journal file that
+    holds back the records a thread appends inside :func:`batched_params` and appends them at its end in
+    one write (one fsync instead of one per parameter); every other append and every read goes straight
+    to the file."""
+
+    def __init__(self, inner: BaseJournalBackend) -> None:
+        self.inner = inner
+        self.storage: JournalStorage | None = None  # the storage reading this journal, synced after a flush
+
+    def read_logs(self, log_number_from: int) -> Iterable[dict[str, Any]]:
+        return self.inner.read_logs(log_number_from)
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        pending = _PENDING.logs
+        if pending is None:
+            self.inner.append_logs(logs)
+        else:
+            pending.setdefault(self, []).extend(logs)
+
+    def flush(self, logs: list[dict[str, Any]]) -> None:
+        """Append held-back records in one write, then let the storage replay them (a public read syncs it)."""
+        self.inner.append_logs(logs)
+        if self.storage is not None:
+            self.storage.get_all_studies()
 
 
-def _write_rdb(storage: optuna.storages.BaseStorage, pending: list[Any], attrs: list[Any]) -> bool:
-    """One database transaction through Optuna's own per-row writers and models (its cached RDB storage)."""
-    backend = getattr(storage, "_backend", None)
-    studies = getattr(storage, "_studies", None)
-    ids = getattr(storage, "_trial_id_to_study_id_and_number", None)
-    lock = getattr(storage, "_lock", None)
-    try:
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
-    except ImportError:  # pragma: no cover - a future Optuna
-        return False
-    if (not isinstance(backend, RDBStorage) or studies is None or ids is None or lock is None
-            or not hasattr(backend, "_set_trial_param_without_commit")
-            or not hasattr(backend, "_set_trial_attr_without_commit")):
-        return False
-    trial_id = [*pending, *attrs][0][0]
-    with lock:
-        known = studies[ids[trial_id][0]].param_distribution
-        with _create_scoped_session(backend.scoped_session, True) as session:
-            row = models.TrialModel.find_or_raise_by_id(trial_id, session)
-            backend.check_trial_is_updatable(trial_id, row.state)
-            fresh = []
-            for _, name, value, dist in pending:
-                if known.get(name) is None:  # first sight of this name here: Optuna's own check against the study
-                    backend._set_trial_param_without_commit(session, trial_id, name, value, dist, None)
-                    continue
-                optuna.distributions.check_distribution_compatibility(known[name], dist)
-                fresh.append(models.TrialParamModel(trial_id=trial_id, param_name=name, param_value=value,
-                                                    distribution_json=optuna.distributions.distribution_to_json(dist)))
-            session.add_all(fresh)
-            for _, key, value in attrs:
-                backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
-        for _, name, _, dist in pending:
-            known.setdefault(name, dist)
-    return True
+class BufferedJournalStorage(JournalStorage):
+    """Optuna's JournalStorage over a :class:`BufferedJournalBackend` (what ``open_storage`` returns for
+    a journal file); only public Optuna API is used, so an Optuna upgrade cannot silently change it."""
+
+    def __init__(self, path: str) -> None:
+        self.buffered = BufferedJournalBackend(JournalFileBackend(path))
+        super().__init__(self.buffered)
+        self.buffered.storage = self
 
 
 @contextmanager
-def batched_params(trial: optuna.Trial) -> Iterator[None]:
-    """Within the block the trial's sampled parameters and user attributes are buffered and written
-    together when it ends (also when sampling raises, e.g. an invalid combination pruned before training),
-    so they are stored before any of the trial's work starts and a trial re-queued after a crash has them."""
-    storage = trial.storage
-    buffer = _ParamBuffer(storage)
-    trial.storage = buffer  # type: ignore[assignment]
+def batched_params(trial: optuna.Trial | None = None) -> Iterator[None]:
+    """Within the block the journal records this thread writes (``trial``'s sampled parameters and user
+    attributes) are held back and appended together when it ends, also when sampling raises (e.g. an
+    invalid combination pruned before training), so they are stored before any of the trial's work starts
+    and a trial re-queued after a crash has them. The journal then replays them as Optuna replays its own
+    writes (a distribution incompatible with the study's is refused here, as a one-by-one write is).
+
+    Database storages (SQLite, PostgreSQL) get Optuna's own writes, one transaction per parameter:
+    batching those would need Optuna's private RDB models, and benchmarks/bench_search.py measures what
+    the per-parameter transactions cost."""
+    if _PENDING.logs is not None:  # nested: the outer block writes
+        yield
+        return
+    _PENDING.logs = {}
     try:
         yield
     finally:
-        trial.storage = storage
-        if buffer.pending or buffer.attrs:
-            _write_batch(storage, buffer.pending, buffer.attrs)
+        pending, _PENDING.logs = _PENDING.logs, None
+        for backend, logs in pending.items():
+            backend.flush(logs)

@@ -48,10 +48,10 @@ def _sample(trial: optuna.Trial) -> None:
 @pytest.mark.parametrize("kind", ["postgresql", "sqlite", "journal"])
 def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pytest.FixtureRequest,
                                                          tmp_path: Path) -> None:
-    """Parameters sampled inside batched_params reach the storage (one transaction on RDB storages, one
-    append on the journal) with
-    the same values and distributions as Optuna's one-by-one writes; a study re-read from the storage
-    shows them; an incompatible distribution is still refused; sampling that raises keeps what it sampled."""
+    """Parameters sampled inside batched_params reach the storage with the same values and distributions as
+    Optuna's one-by-one writes (the journal: in one append; databases: Optuna's own writes); a study re-read
+    from the storage shows them; an incompatible distribution is still refused; sampling that raises keeps
+    what it sampled."""
     from fxforge.search.storage import batched_params
 
     url = {"postgresql": lambda: request.getfixturevalue("postgres_url"),
@@ -66,7 +66,6 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
                 with batched_params(trial):
                     _sample(trial)
                     trial.set_user_attr("plan", {"layers": trial.params["layers"]})
-                assert trial.storage is study._storage
             else:
                 _sample(trial)
                 trial.set_user_attr("plan", {"layers": trial.params["layers"]})
@@ -81,32 +80,10 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
     assert [t.user_attrs for t in batched] == [t.user_attrs for t in plain] != [{}] * 3
     assert len(batched[0].params) == 5
 
-    study = optuna.load_study(study_name=f"batched-{kind}", storage=open_storage(StorageSpec(url), tmp_path))
-    if kind != "journal":  # the five parameters are inserted in one transaction (Optuna alone: five)
-        import sqlalchemy
-
-        engine = study._storage._backend.engine
-        log: list[str] = []
-
-        def statement(conn: object, cursor: object, sql: str, *_: object) -> None:
-            log.append("insert" if sql.lstrip().upper().startswith("INSERT INTO TRIAL_PARAMS") else "other")
-
-        def commit(conn: object) -> None:
-            log.append("commit")
-
-        trial = study.ask()
-        sqlalchemy.event.listen(engine, "before_cursor_execute", statement)
-        sqlalchemy.event.listen(engine, "commit", commit)
-        with batched_params(trial):
-            _sample(trial)
-            trial.set_user_attr("plan", {"n": 1})
-        sqlalchemy.event.remove(engine, "before_cursor_execute", statement)
-        sqlalchemy.event.remove(engine, "commit", commit)
-        writing = [chunk for chunk in " ".join(log).split("commit") if "insert" in chunk]
-        assert len(writing) == 1 and len(trial.params) == 5
-        assert optuna.load_study(study_name=f"batched-{kind}", storage=url).trials[-1].user_attrs == {"plan": {"n": 1}}
-    else:  # the five parameters and the attribute are appended (and fsynced) once (Optuna alone: six times)
-        backend = study._storage._backend
+    storage = open_storage(StorageSpec(url), tmp_path)
+    study = optuna.load_study(study_name=f"batched-{kind}", storage=storage)
+    if kind == "journal":  # the five parameters and the attribute are appended (and fsynced) once (Optuna: six)
+        backend = storage.buffered.inner
         appends: list[int] = []
         append = backend.append_logs
         backend.append_logs = lambda logs: (appends.append(len(logs)), append(logs))[1]
@@ -114,8 +91,10 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
         with batched_params(trial):
             _sample(trial)
             trial.set_user_attr("plan", {"n": 1})
+            assert appends[1:] == []  # appends[0]: the trial's creation; nothing else written yet
         backend.append_logs = append
-        assert appends[1:] == [6] and len(trial.params) == 5  # appends[0]: the trial's creation
+        assert appends[1:] == [6] and len(trial.params) == 5
+        assert study.trials[-1].params == trial.params  # the writing storage replayed its own records
         again = optuna.load_study(study_name=f"batched-{kind}", storage=open_storage(StorageSpec(url), tmp_path))
         assert again.trials[-1].params == trial.params and again.trials[-1].user_attrs == {"plan": {"n": 1}}
     trial = study.ask()
@@ -131,6 +110,22 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
             raise optuna.TrialPruned("invalid combination")
     stored = optuna.load_study(study_name=f"batched-{kind}", storage=open_storage(StorageSpec(url), tmp_path))
     assert "layers" in stored.trials[-1].params
+
+
+def test_search_storage_uses_no_private_optuna_module() -> None:
+    """search/storage.py batches through Optuna's public journal-backend interface only: no ``optuna.*._x``
+    import and no ``._x`` attribute of an Optuna object (an upgrade cannot silently change what it does)."""
+    import ast
+
+    import fxforge.search.storage as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    imports = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    imports += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imports if m.startswith("optuna") and any(p.startswith("_") for p in m.split("."))]
+    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+                      and not n.attr.startswith("__")})
+    assert private == [], private
 
 
 def test_postgres_workers_survive_a_server_restart(tmp_path: Path) -> None:
