@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from .inputs import ExampleInputs
 from .normalize_hf import is_hf_conv1d, linear_from_conv1d
+from .treespec import copy_codegen
 
 __all__ = ["architecture_key", "lookup", "store", "clear_capture_cache", "capture_cache_size"]
 
@@ -195,11 +196,11 @@ def _binding(gm: fx.GraphModule, model: nn.Module, node: fx.Node, storages: set[
 
 
 def _fresh_graph(graph: fx.Graph) -> fx.Graph:
-    """A node-by-node copy (fx's own deepcopy, but sharing the immutable pytree codegen: copying its specs
+    """A node-by-node copy (fx's own deepcopy, but sharing the codegen's immutable pytree specs: copying them
     costs time and deprecation warnings)."""
     new = fx.Graph(tracer_cls=graph._tracer_cls)
     copied = new.graph_copy(graph, {}, return_output_node=True)
-    new._codegen = graph._codegen
+    new._codegen = copy_codegen(graph._codegen)
     if copied is not None:
         value, old_output = copied  # type: ignore[misc]
         new.output(value, type_expr=getattr(old_output, "type", None)).meta = copy.copy(old_output.meta)

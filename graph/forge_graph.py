@@ -19,6 +19,7 @@ import torch.nn as nn
 from .capture import Frontend, capture
 from .inputs import ExampleInputs
 from .metadata import NodeMeta, get_meta
+from .treespec import copy_codegen, spec_memo
 
 # Buffers holding values folded from parameters for inference (fold_constants_transform_pass): the
 # derived "constants folded" flag of a graph. They do not follow the weights if the graph is trained.
@@ -53,6 +54,18 @@ _SHARED_META = frozenset({"val", "example_value", "tensor_meta", "unbacked_bindi
 def _copy_meta_value(key: str, value: Any) -> Any:
     """A node.meta value for a copied graph: deep-copied, except torch's immutable fake values."""
     return value if key in _SHARED_META else copy.deepcopy(value)
+
+
+def _copy_graph(graph: fx.Graph, memo: dict[int, Any]) -> fx.Graph:
+    """fx's ``Graph.__deepcopy__`` (node by node, old nodes mapped to new ones in ``memo``), except that the
+    codegen is copied through ``memo``: fx copies it without one, rebuilding its immutable pytree specs."""
+    new = fx.Graph(tracer_cls=graph._tracer_cls)
+    copied = new.graph_copy(graph, memo, return_output_node=True)  # type: ignore[arg-type]
+    new._codegen = copy_codegen(graph._codegen, memo)
+    if copied is not None:
+        value, old_output = copied  # type: ignore[misc]
+        new.output(value, type_expr=getattr(old_output, "type", None)).meta = copy.copy(old_output.meta)
+    return new
 
 
 class ForgeGraph:
@@ -170,7 +183,8 @@ class ForgeGraph:
         history. ``share_weights=True`` keeps the parameter and buffer tensors shared (new modules and
         metadata all the same), e.g. for read-only trials on a large model.
         """
-        memo: dict[int, Any] = {}
+        memo: dict[int, Any] = spec_memo(self.model)
+        memo[id(self.model.graph)] = _copy_graph(self.model.graph, memo)
         if share_weights:
             for t in (*self.model.parameters(), *self.model.buffers()):
                 memo[id(t)] = t

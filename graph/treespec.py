@@ -5,21 +5,45 @@ source, so checkpoints never carry torch's format. A structure here is ``"*"`` (
 ``{"tuple": [...]}``, ``{"list": [...]}``, ``{"dict": [[key, child], ...]}`` or
 ``{"output": "<registered class name>", "fields": [[key, child], ...]}``; keys are identifiers and
 output classes resolve only against classes already registered (see ``targets.resolve_output_class``).
+
+Copies of a graph share its TreeSpecs (:func:`spec_memo`, :func:`copy_codegen`): they are immutable, and
+deep-copying one builds new ``LeafSpec`` objects, which torch deprecates (a FutureWarning per copy).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
+import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from . import targets
 from .targets import CheckpointError, is_identifier
 
-__all__ = ["decode_spec", "encode_spec", "translate_v1_spec"]
+__all__ = ["copy_codegen", "decode_spec", "encode_spec", "spec_memo", "translate_v1_spec"]
 
 _LEAF = pytree.treespec_leaf()
+
+
+def _codegen_specs(codegen: Any) -> list[pytree.TreeSpec]:
+    info = getattr(codegen, "pytree_info", None)
+    return [s for s in info if isinstance(s, pytree.TreeSpec)] if isinstance(info, tuple) else []
+
+
+def spec_memo(gm: fx.GraphModule) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo mapping each TreeSpec ``gm`` holds (its codegen's in/out specs, an exported
+    module's ``_in_spec`` / ``_out_spec``) to itself, so a deep copy shares these immutable values."""
+    specs = [v for v in vars(gm).values() if isinstance(v, pytree.TreeSpec)] + _codegen_specs(gm.graph._codegen)
+    return {id(s): s for s in specs}
+
+
+def copy_codegen(codegen: Any, memo: dict[int, Any] | None = None) -> Any:
+    """A deep copy of a graph's codegen (its mutable argument names included) sharing its TreeSpecs."""
+    memo = dict(memo or {})
+    memo.update((id(s), s) for s in _codegen_specs(codegen))
+    return copy.deepcopy(codegen, memo)
 
 
 def _keys(keys: Any, n: int, where: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,17 @@ def test_tutorial_loop_quantizes_a_fresh_copy_per_trial(base: ForgeGraph) -> Non
     assert errors[16] < errors[8] < errors[4]  # each trial really ran at its own width
     with torch.no_grad():
         assert torch.equal(base(**DATA[0]).logits, ref)
+
+
+def test_copy_of_an_hf_graph_emits_no_deprecation_warning(bert_graph: ForgeGraph) -> None:
+    # torch's LeafSpec is deprecated: copying a graph must not build new pytree specs (they are immutable)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cp = bert_graph.copy()
+    assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning | FutureWarning)] == []
+    codegen, new = bert_graph.model.graph._codegen, cp.model.graph._codegen
+    assert new is not codegen and new.pytree_info.in_spec is codegen.pytree_info.in_spec
+    assert new.pytree_info.orig_args == codegen.pytree_info.orig_args
+    assert new.pytree_info.orig_args is not codegen.pytree_info.orig_args
+    with torch.no_grad():
+        assert torch.equal(cp(**bert_inputs()).logits, bert_graph(**bert_inputs()).logits)
