@@ -24,6 +24,7 @@ import torch.nn as nn
 from . import capture_cache
 from .capture_cache import architecture_key
 from .dropout_tracing import DropoutTracing
+from .grad_mode import GRAD_MODE_HINT, GradModeSwitchError, refuse_grad_mode_switches
 from .guards import guard_spec, insert_guard
 from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
@@ -115,6 +116,8 @@ _INPUT_WORDS = ("must specify", "have to specify", "specify either", "missing", 
 
 def _cause_hint(exc: BaseException, hf: bool) -> str | None:
     """A remedy matching what actually failed (None: no specific knowledge of this failure)."""
+    if isinstance(exc, GradModeSwitchError):
+        return GRAD_MODE_HINT
     text = str(exc)
     m = _OUTPUT_TYPE.search(text)
     if m:
@@ -134,7 +137,8 @@ def _cause_hint(exc: BaseException, hf: bool) -> str | None:
 def _trace_fx(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
               leaf_functions: tuple[Any, ...]) -> fx.GraphModule:
     tracer = _ForgeTracer(leaf_modules, leaf_functions)
-    graph = tracer.trace(model)
+    with refuse_grad_mode_switches():  # fx would drop a no_grad region (graph/grad_mode)
+        graph = tracer.trace(model)
     return fx.GraphModule(tracer.root, graph, class_name=type(model).__name__)
 
 
@@ -210,7 +214,8 @@ def capture(
     # Trace in train mode so every dropout probability is visible; normalization makes it switchable.
     model.train()
     try:
-        with cache_disabled(model, notes) if hf else nullcontext():
+        # Grad enabled: under a caller's no_grad, export would record no no_grad region (gradients would differ).
+        with cache_disabled(model, notes) if hf else nullcontext(), torch.enable_grad():
             for name in order:
                 if name == "export" and example is None:
                     failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")

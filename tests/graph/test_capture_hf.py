@@ -100,15 +100,3 @@ def test_position_ids_and_left_padding_on_llama() -> None:
         assert (got - want).abs().max() <= 1e-5
         assert not torch.equal(want, model(input_ids=inputs["input_ids"]).logits)  # the inputs matter
 
-
-def test_no_grad_region_inlined_and_detached() -> None:
-    model = tiny_hf("llama")
-    mg = ForgeGraph(model, hf_input_names=["input_ids", "labels"])
-    targets = {str(n.target) for n in mg.nodes if n.op == "call_function"}
-    assert not any("wrap_with" in t for t in targets), targets
-    assert not any(isinstance(m, torch.fx.GraphModule) for _, m in mg.model.named_children())
-    assert any("no_grad regions inlined" in n for n in mg.capture_notes)
-    mg.train()
-    inputs = hf_inputs("llama", 2, 9)
-    mg(input_ids=inputs["input_ids"], labels=inputs["input_ids"]).loss.backward()  # the graph trains
-    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
