@@ -12,6 +12,10 @@ Two independent measurements on the graph's example inputs (or given ones):
 
 The verdict is causal when both leaks are within ``tolerance`` relative to the output's scale
 (FFT-based causal convolutions leave ~1e-7 of round-off, a real leak is orders larger).
+
+Which axes of a node are time is followed from the input through the graph on symbolic sizes
+(:mod:`.time_axes`), so a (B, C, T) tensor is checked along T even when C == T; a node without a time
+axis (a flattened batch, an FFT's frequency axis) is not checked.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
 from ..base import forge_pass
 from ..contract import PassInfo
 from ..propagate import flat_inputs
+from .time_axes import time_axes
 
 __all__ = ["CausalityArgs", "CausalityInfo", "CausalityRecord", "causality_analysis_pass"]
 
@@ -37,10 +42,12 @@ __all__ = ["CausalityArgs", "CausalityInfo", "CausalityRecord", "causality_analy
 @register_record("software.causality")
 @dataclass
 class CausalityRecord(MetaRecord):
-    """Largest change of this node's output at positions before a perturbed input position."""
+    """Largest change of this node's output at positions before a perturbed input position, on its
+    ``time_axes`` (every axis indexed by the input's positions, e.g. both axes of attention scores)."""
 
     leak: float = 0.0
     relative_leak: float = 0.0
+    time_axes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,13 @@ class _Tap(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, keep: bool, override: tuple[fx.Node, torch.Tensor] | None = None) -> None:
         super().__init__(gm)
         self.keep, self.override, self.values = keep, override, {}
+        self.outputs: list[tuple[fx.Node, Any]] = []
+
+    def output(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Keep each output leaf with the node that produced it (same pytree structure, same order)."""
+        out_node = next(n for n in self.graph.nodes if n.op == "output")
+        self.outputs = list(zip(pytree.tree_leaves(out_node.args), pytree.tree_leaves(args), strict=False))
+        return super().output(target, args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         out = self.override[1] if self.override is not None and n is self.override[0] else super().run_node(n)
@@ -122,37 +136,45 @@ def _perturb(x: torch.Tensor, t: int, seq_dim: int, gen: torch.Generator) -> tor
     return y
 
 
-def _before(v: torch.Tensor, t: int, seq_dim: int) -> torch.Tensor:
-    return v.narrow(seq_dim, 0, t)
+def _before(v: torch.Tensor, t: int, axes: tuple[int, ...]) -> torch.Tensor:
+    """The value at positions before ``t`` on every time axis."""
+    for axis in axes:
+        v = v.narrow(axis, 0, t)
+    return v
 
 
-def _jacobian_leak(gm: fx.GraphModule, flat: list[Any], which: int, seq_dim: int, length: int) -> float | None:
-    """max |d out[:, i] / d x[:, j]| over j > i, from the first float node with the sequence axis."""
-    full = flat[which].shape[seq_dim]
-    keep = min(length, full)
-    short = [v.narrow(seq_dim, 0, keep) if isinstance(v, torch.Tensor) and v.dim() > seq_dim
-             and v.shape[seq_dim] == full else v for v in flat]  # every input on the same time axis
+def _jacobian_leak(gm: fx.GraphModule, flat: list[Any], axes: dict[fx.Node, tuple[int, ...]],
+                   length: int) -> float | None:
+    """max |d out[:, i] / d x[:, j]| over j > i, from the first float node with a time axis (along the
+    first time axis of that node and of each output)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    short = list(flat)
+    for k, node in enumerate(placeholders):  # every input on the time axis, cut to the first positions
+        for axis in axes.get(node, ()):
+            short[k] = short[k].narrow(axis, 0, min(length, short[k].shape[axis]))
     tap = _Tap(gm, keep=True)
     with torch.no_grad():
         tap.run(*short)
-    t_len = short[which].shape[seq_dim]
-    src = next((n for n, v in tap.values.items() if v.is_floating_point() and v.dim() > seq_dim
-                and v.shape[seq_dim] == t_len and n.op != "placeholder"), None)
+    src = next((n for n, v in tap.values.items() if v.is_floating_point() and axes.get(n)
+                and n.op != "placeholder"), None)
     if src is None:
         return None
     x = tap.values[src].clone().requires_grad_(True)
+    src_axis = axes[src][0]
+    t_len = x.shape[src_axis]
+    run = _Tap(gm, keep=False, override=(src, x))
     with torch.enable_grad():
-        outs = [o for o in pytree.tree_leaves(_Tap(gm, keep=False, override=(src, x)).run(*short))
-                if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dim() > seq_dim
-                and o.shape[seq_dim] == t_len]
+        run.run(*short)
+        outs = [(o, axes[n][0]) for n, o in run.outputs if isinstance(n, fx.Node) and axes.get(n)
+                and isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad]
         if not outs:  # no output keeps the time axis (e.g. a sequence classifier): nothing to check
             return None
         leak = scale = 0.0
         for i in range(t_len - 1):
-            total = sum(o.narrow(seq_dim, i, 1).sum() for o in outs)
+            total = sum(o.narrow(axis, i, 1).sum() for o, axis in outs)
             (grad,) = torch.autograd.grad(total, x, retain_graph=True)
-            leak = max(leak, float(grad.narrow(seq_dim, i + 1, t_len - i - 1).abs().max()))
-            scale = max(scale, float(grad.narrow(seq_dim, 0, i + 1).abs().max()))
+            leak = max(leak, float(grad.narrow(src_axis, i + 1, t_len - i - 1).abs().max()))
+            scale = max(scale, float(grad.narrow(src_axis, 0, i + 1).abs().max()))
     return leak / scale if scale else leak
 
 
@@ -173,10 +195,12 @@ def causality_analysis_pass(graph: ForgeGraph, args: CausalityArgs) -> tuple[For
     bad = [p for p in positions if not 1 <= p < length]
     if bad:
         raise ValueError(f"positions {bad} outside [1, {length})")
+    name = [n.name for n in gm.graph.nodes if n.op == "placeholder"][which]
     was_training = gm.training
     gm.eval()
     gen = torch.Generator().manual_seed(0)
     try:
+        axes = time_axes(gm, flat, which, args.seq_dim, name)
         base = _Tap(gm, keep=True)
         with torch.no_grad():
             out = base.run(*flat)
@@ -192,13 +216,12 @@ def causality_analysis_pass(graph: ForgeGraph, args: CausalityArgs) -> tuple[For
                 tap.run(*moved)
             for node, ref in base.values.items():
                 new = tap.values.get(node)
-                if new is None or new.shape != ref.shape or ref.dim() <= args.seq_dim \
-                        or ref.shape[args.seq_dim] != length or node.op == "placeholder":
+                if new is None or new.shape != ref.shape or not axes.get(node) or node.op == "placeholder":
                     continue
-                a, b = _before(ref, t, args.seq_dim), _before(new, t, args.seq_dim)
+                a, b = _before(ref, t, axes[node]), _before(new, t, axes[node])
                 diff = (a - b).abs().max() if a.numel() else torch.tensor(0.0)
                 leaks[node] = max(leaks.get(node, 0.0), float(diff.real if diff.is_complex() else diff))
-        jac = _jacobian_leak(gm, flat, which, args.seq_dim, args.jacobian_len) if args.jacobian else None
+        jac = _jacobian_leak(gm, flat, axes, args.jacobian_len) if args.jacobian else None
     finally:
         gm.train(was_training)
     out_nodes = [n for n in gm.graph.nodes if n.op == "output"]
@@ -208,13 +231,13 @@ def causality_analysis_pass(graph: ForgeGraph, args: CausalityArgs) -> tuple[For
     leaking = [n for n in gm.graph.nodes if leaks.get(n, 0.0) > args.tolerance * (scales.get(n) or 1.0)]
     for node, leak in leaks.items():
         if has_meta(node):
-            get_meta(node).software.set(CausalityRecord(leak=leak, relative_leak=leak / (scales.get(node) or 1.0)))
+            get_meta(node).software.set(CausalityRecord(leak=leak, relative_leak=leak / (scales.get(node) or 1.0),
+                                                        time_axes=axes[node]))
     causal = end_leak <= limit and not leaking and (jac is None or jac <= args.tolerance)
     return graph, CausalityInfo(
         causal=causal, perturbation_leak=end_leak, relative_leak=end_leak / scale, jacobian_leak=jac,
         first_leaking_node=leaking[0].name if leaking else None, leaking_nodes=tuple(n.name for n in leaking),
-        positions=tuple(positions), input=[n.name for n in gm.graph.nodes if n.op == "placeholder"][which],
-        tolerance=args.tolerance)
+        positions=tuple(positions), input=name, tolerance=args.tolerance)
 
 
 def describe(info: CausalityInfo | Mapping[str, Any]) -> str:

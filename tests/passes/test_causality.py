@@ -49,3 +49,81 @@ def test_bad_arguments() -> None:
         passes.causality_analysis_pass(mg, {"positions": [30]})
     with pytest.raises(Exception, match="no input 'tokens'"):
         passes.causality_analysis_pass(mg, {"input": "tokens"})
+
+
+def _issue_gpt(mixer: str, seq: int, **kw: object) -> ForgeGraph:
+    """The issue's GPT (n_embd 32) on a (2, seq) input: seq == n_embd makes every (B, C, T) tensor look time-first."""
+    from fxforge.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=97, sequence_length=seq, n_layer=2, n_head=2, n_embd=32, mixer=mixer,
+                          **kw)).eval()  # type: ignore[arg-type]
+    idx = torch.randint(0, 97, (2, seq), generator=torch.Generator().manual_seed(1))
+    mg, _ = passes.init_metadata_analysis_pass(ForgeGraph(model, (idx,)))
+    mg, _ = passes.add_common_metadata_analysis_pass(mg)
+    return mg
+
+
+def _fft_inputs(mg: ForgeGraph) -> list[torch.fx.Node]:
+    """What the causal AFNO's rfft transforms along its last axis: the tokens and the kernel, time moved last."""
+    return [n.args[0] for n in mg.model.graph.nodes if n.target is torch.fft.rfft]
+
+
+@pytest.mark.parametrize("seq", [32, 64])
+def test_time_axis_followed_through_transposes(seq: int) -> None:
+    """T == n_embd once made (B, C, T) tensors checked along C: the causal AFNO was called leaky at transpose_1."""
+    mg = _issue_gpt("afno", seq)
+    mg, info = passes.causality_analysis_pass(mg)
+    assert info.causal, describe(info)
+    assert not info.leaking_nodes and info.relative_leak < 1e-5
+    moved = _fft_inputs(mg)
+    assert len(moved) == 4  # two blocks, tokens and kernel each
+    for node in moved:  # checked along the last axis (not the first of size T), and nothing moved there
+        last = len(mg.meta(node).common.results["data_out_0"].shape) - 1
+        rec = mg.meta(node).software.get(CausalityRecord)
+        assert rec is not None and rec.time_axes == (last,) and rec.relative_leak < 1e-5, (node.name, rec)
+    embed = mg.meta(mg.node("blocks_0_ln1")).software.get(CausalityRecord)
+    assert embed is not None and embed.time_axes == (1,)
+
+
+@pytest.mark.parametrize("seq", [32, 64])
+def test_pad2n_afno_caught_at_any_length(seq: int) -> None:
+    _, info = passes.causality_analysis_pass(_issue_gpt("afno", seq, afno_causality="pad2n"))
+    assert not info.causal and info.perturbation_leak > 1e-4 and info.jacobian_leak > 1e-4, describe(info)
+
+
+@pytest.mark.parametrize("seq", [32, 64])
+def test_attention_gpt_causal_at_any_length(seq: int) -> None:
+    mg, info = passes.causality_analysis_pass(_issue_gpt("attn", seq))
+    assert info.causal and not info.leaking_nodes, describe(info)
+    sdpa = [n for n in mg.model.graph.nodes if n.target is torch.nn.functional.scaled_dot_product_attention]
+    assert sdpa and all(mg.meta(n).software.get(CausalityRecord).time_axes == (2,) for n in sdpa)  # (B, H, T, D)
+
+
+class _Scores(torch.nn.Module):
+    """Single-head self-attention written out, so its (B, T, T) scores are a node of the graph."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal, self.emb = causal, torch.nn.Embedding(16, 8)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        scores = x @ x.transpose(1, 2)
+        if self.causal:
+            t = idx.size(1)
+            scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        return scores.softmax(-1) @ x
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_square_scores_checked_on_both_time_axes(causal: bool) -> None:
+    """Scores at (query < t, key < t) are the past; a softmax over every key is the leak, found where it starts."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(0))
+    mg, _ = passes.init_metadata_analysis_pass(ForgeGraph(_Scores(causal).eval(), (idx,)))
+    mg, info = passes.causality_analysis_pass(mg)
+    rec = mg.meta(mg.node("matmul")).software.get(CausalityRecord)
+    assert rec is not None and rec.time_axes == (1, 2) and rec.leak == 0.0
+    assert info.causal is causal, describe(info)
+    assert info.first_leaking_node == (None if causal else "softmax")
