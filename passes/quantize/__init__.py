@@ -10,6 +10,7 @@ from .quantizer import Quantize
 from .records import CalibrationRecord, LoweringRecord, QuantizationRecord
 from .report import quantization_report_analysis_pass
 from .transform import quantize_transform_pass
+from .zeroed import QuantizationWarning
 
 __all__ = [
     "FORMATS",
@@ -19,6 +20,7 @@ __all__ = [
     "LoweringRecord",
     "OpQuantConfig",
     "QuantizationRecord",
+    "QuantizationWarning",
     "Quantize",
     "QuantizeConfig",
     "QuantizeConfigError",

@@ -6,8 +6,9 @@ former name, kept as an alias of the same registered pass (``get_pass`` resolves
 The graph runs in eval mode with every quantizer turned into an observer (activations stay fp32,
 as with PyTorch observers), so each quantizer sees the float distribution of its tensor. The range
 is min-max (running extremes) or percentile (per-batch two-sided percentiles, averaged). Scaled
-integer activation quantizers take their scale/zero point from it; every range is stored in a
-:class:`CalibrationRecord` on the quantized node's software metadata.
+integer activation quantizers take their scale/zero point from it, fixed-point ones with
+``frac_width: "auto"`` the largest fraction width that still covers it; every range (and the chosen
+fraction width) is stored in a :class:`CalibrationRecord` on the quantized node's software metadata.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def calibrate_transform_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[Fo
                                      "lo": _values(lo), "hi": _values(hi), "numel": obs.numel}
             if q.fmt.scaled:
                 stats.update(scale=_values(q.scale), zero_point=_values(q.zero_point))
+            elif q.frac_width is not None:  # auto fixed point: the fraction width the range gave
+                stats["frac_width"] = int(q.frac_width) if q.frac_width.dim() == 0 else q.frac_width.int().tolist()
             node, key = owners.get(path, (None, path))
             if node is None:
                 continue

@@ -11,6 +11,7 @@ import torch
 
 __all__ = [
     "straight_through",
+    "auto_frac_width",
     "fixed_point_quantize",
     "fixed_point_range",
     "integer_range",
@@ -61,12 +62,32 @@ def fixed_point_range(width: int, frac_width: int) -> tuple[float, float]:
     return qmin / 2.0**frac_width, qmax / 2.0**frac_width
 
 
-def fixed_point_quantize(x: torch.Tensor, width: int, frac_width: int) -> torch.Tensor:
+AUTO_FRAC_LIMIT = 64  # |frac_width| an automatic choice may take (the config's own bounds)
+
+
+def auto_frac_width(amax: torch.Tensor, width: int) -> torch.Tensor:
+    """The largest fraction width whose ``width``-bit fixed point still covers ``amax`` (elementwise).
+
+    The integer part then just covers max|x|, so nothing clips and every remaining bit is a fraction bit:
+    ``f = floor(log2((2^(w-1)-1) / amax))``, nudged by one where float rounding of the log misses. A zero
+    range takes 0 (any fraction width represents zeros exactly). Returns an integer-valued float tensor.
+    """
+    _, qmax = integer_range(width)
+    amax = amax.detach().float().abs()
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    f = torch.floor(torch.log2(qmax / safe))
+    f = f + (qmax / 2.0 ** (f + 1) >= safe).float() - (qmax / 2.0**f < safe).float()
+    f = torch.where(amax > 0, f, torch.zeros_like(f))
+    return f.clamp(-AUTO_FRAC_LIMIT, AUTO_FRAC_LIMIT)
+
+
+def fixed_point_quantize(x: torch.Tensor, width: int, frac_width: int | torch.Tensor) -> torch.Tensor:
     """MASE ``integer`` format: ``clamp(round(x * 2^f), -2^(w-1), 2^(w-1)-1) / 2^f``.
 
-    ``frac_width`` may exceed ``width`` or be negative (a pure power-of-two scale). NaN stays NaN.
+    ``frac_width`` may exceed ``width`` or be negative (a pure power-of-two scale); a tensor of fraction
+    widths that broadcasts against ``x`` gives each channel its own (``frac_width: "auto"``). NaN stays NaN.
     """
-    scale = 2.0**frac_width
+    scale = torch.pow(2.0, frac_width.to(x.device)) if isinstance(frac_width, torch.Tensor) else 2.0**frac_width
     qmin, qmax = integer_range(width)
     with torch.no_grad():
         q = torch.clamp(torch.round(x * scale), qmin, qmax) / scale

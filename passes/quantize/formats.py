@@ -15,12 +15,14 @@ from typing import Any
 import torch
 
 from .block import block_fp_quantize, mxfp_element, mxfp_quantize, mxint_quantize
-from .fixed import fixed_point_quantize
+from .fixed import broadcast_along, fixed_point_quantize
 from .minifloat import SPECIALS, MinifloatFormat, minifloat_quantize
 
-__all__ = ["Param", "FormatDef", "FORMATS", "ROLES", "QuantizeConfigError", "check_role_params", "get_format"]
+__all__ = ["AUTO", "Param", "FormatDef", "FORMATS", "ROLES", "QuantizeConfigError", "check_role_params",
+           "get_format", "is_auto_fixed"]
 
 ROLES: tuple[str, ...] = ("data_in", "weight", "bias", "data_out")
+AUTO = "auto"  # a fixed-point frac_width chosen from the tensor's range (weights) or the calibrated one
 _REQUIRED = object()
 
 
@@ -39,6 +41,7 @@ class Param:
     minimum: int | None = None
     maximum: int | None = None
     doc: str = ""
+    special: tuple[str, ...] = ()  # words accepted besides values of ``kind`` (``"auto"``)
 
     @property
     def required(self) -> bool:
@@ -48,8 +51,11 @@ class Param:
         ok = isinstance(value, self.kind) and not (self.kind is int and isinstance(value, bool))
         if self.default is None and value is None:
             return None
+        if isinstance(value, str) and value in self.special:
+            return value
         if not ok:
-            raise QuantizeConfigError(f"{where} must be of type {self.kind.__name__}, got {value!r}")
+            words = f" or one of {list(self.special)}" if self.special else ""
+            raise QuantizeConfigError(f"{where} must be of type {self.kind.__name__}{words}, got {value!r}")
         if self.choices and value not in self.choices:
             raise QuantizeConfigError(f"{where} = {value!r} is not allowed; allowed: {list(self.choices)}")
         if self.minimum is not None and value < self.minimum or self.maximum is not None and value > self.maximum:
@@ -101,7 +107,14 @@ def _check_minifloat(p: Mapping[str, Any]) -> None:
     _minifloat(p)
 
 
+def is_auto_fixed(fmt: str, p: Mapping[str, Any]) -> bool:
+    """Is this fixed point whose fraction width comes from the range (``frac_width: "auto"``)?"""
+    return fmt == "integer" and p.get("frac_width") == AUTO
+
+
 def _check_fixed(p: Mapping[str, Any]) -> None:
+    if p["frac_width"] == AUTO:
+        return
     if p["frac_width"] > p["width"]:
         raise ValueError(f"frac_width {p['frac_width']} > width {p['width']}: a width-bit fixed point has at most "
                          "width fraction bits (range [-2^(w-1), 2^(w-1) - 1] / 2^frac); lower frac_width")
@@ -113,6 +126,16 @@ def _check_block_fp(p: Mapping[str, Any]) -> None:
     if lo > 127 or hi < -126:
         raise ValueError(f"exponent range [{lo}, {hi}] (exponent_width {p['exponent_width']}, bias {bias}) lies "
                          "outside float32's [-126, 127], in which results are returned; pick another exponent_bias")
+
+
+def _fixed_quantize(x: torch.Tensor, p: Mapping[str, Any], ctx: QuantContext) -> torch.Tensor:
+    """MASE fixed point; with ``frac_width: "auto"`` the context's scale is ``2^-frac_width`` (per channel or not)."""
+    if p["frac_width"] != AUTO:
+        return fixed_point_quantize(x, p["width"], p["frac_width"])
+    if ctx.scale is None:
+        raise RuntimeError("frac_width 'auto' needs a range: calibrate activations (calibrate_transform_pass)")
+    frac = -torch.log2(ctx.scale)
+    return fixed_point_quantize(x, p["width"], broadcast_along(frac, x.dim(), ctx.channel_axis))
 
 
 def _scaled_quantize(x: torch.Tensor, p: Mapping[str, Any], ctx: QuantContext) -> torch.Tensor:
@@ -131,8 +154,10 @@ FORMATS: dict[str, FormatDef] = {
     for f in (
         FormatDef(
             "integer",
-            (_WIDTH, Param("frac_width", int, minimum=-64, maximum=64, doc="fraction bits")),
-            lambda x, p, ctx: fixed_point_quantize(x, p["width"], p["frac_width"]),
+            (_WIDTH, Param("frac_width", int, minimum=-64, maximum=64, special=(AUTO,),
+                           doc="fraction bits, or 'auto': the most that still cover the range (weights: per "
+                               "output row, from the weights; activations: per tensor, from calibration)")),
+            _fixed_quantize,
             lambda p: float(p["width"]),
             validate=_check_fixed,
             doc="MASE fixed point: round(x * 2^frac) / 2^frac in the signed width-bit range",

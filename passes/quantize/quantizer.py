@@ -4,7 +4,10 @@
 ``matmul``, ``softmax``, FFTs...) and what quantized layers hold per role. Complex tensors are
 quantized as their real and imaginary parts (``view_as_real`` -> quantize -> ``view_as_complex``).
 Scaled-integer quantizers of activations hold a calibrated ``scale``/``zero_point`` (buffers, so they
-are checkpointed); weights and biases derive theirs from the tensor itself.
+are checkpointed); weights and biases derive theirs from the tensor itself. Fixed point with
+``frac_width: "auto"`` is a scaled integer whose scale is ``2^-frac_width``: activations keep the
+calibrated one in ``scale``; a weight matrix takes one per output row from its rows' max|w|, every other
+parameter one per tensor, on every call (so QAT sees the fraction widths move with the weights).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from torch._subclasses.fake_tensor import is_fake
 
 from ...graph import targets
 from .config import RoleSpec
-from .fixed import scale_zero_point, tensor_range
-from .formats import QuantContext, get_format
+from .fixed import auto_frac_width, scale_zero_point, tensor_range
+from .formats import QuantContext, get_format, is_auto_fixed
 
 __all__ = ["Quantize", "Observer", "iter_quantizers"]
 
@@ -119,19 +122,28 @@ class Quantize(nn.Module):
         return self.params.get("granularity") == "per_channel"
 
     @property
+    def auto_fixed(self) -> bool:
+        """Fixed point whose fraction width comes from the range (``frac_width: "auto"``)."""
+        return is_auto_fixed(self.fmt.name, self.params)
+
+    @property
     def needs_calibration(self) -> bool:
-        """A scaled-integer activation quantizer with a static scale."""
-        return self.fmt.scaled and not self.is_param and not self.params.get("dynamic", False)
+        """An activation quantizer whose static scale comes from calibration (scaled integer, auto fixed point)."""
+        ranged = self.fmt.scaled or self.auto_fixed
+        return ranged and not self.is_param and not self.params.get("dynamic", False)
 
     @property
     def bits(self) -> float:
         return self.spec.bits
 
     def set_range(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
-        """Fix the scale/zero point from a calibrated range (scaled formats; no-op otherwise)."""
-        if not self.fmt.scaled:
+        """Fix the scale/zero point from a calibrated range (scaled formats and auto fixed point; no-op otherwise)."""
+        if self.auto_fixed:
+            scale, zero_point = self._auto_fixed_scale(lo, hi)
+        elif not self.fmt.scaled:
             return
-        scale, zero_point = scale_zero_point(lo, hi, self.params["width"], self.params["symmetric"])
+        else:
+            scale, zero_point = scale_zero_point(lo, hi, self.params["width"], self.params["symmetric"])
         self.scale = scale.to(self.scale.device)
         self.zero_point = zero_point.to(self.zero_point.device)
         self.calibrated = True
@@ -140,6 +152,15 @@ class Quantize(nn.Module):
         return {"spec": self.spec.to_json(), "role": self.role, "is_param": self.is_param,
                 "channel_axis": self.channel_axis, "block_axis": self.block_axis,
                 "calibrated": self.calibrated, "scale_shape": list(self.scale.shape)}
+
+    @property
+    def frac_width(self) -> torch.Tensor | None:
+        """The calibrated fraction width(s) of an auto fixed-point activation quantizer (None otherwise)."""
+        return -torch.log2(self.scale) if self.auto_fixed and self.calibrated else None
+
+    def _auto_fixed_scale(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = torch.pow(2.0, -auto_frac_width(torch.maximum(lo.abs(), hi.abs()), self.params["width"]))
+        return scale, torch.zeros_like(scale)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Quantize:
@@ -151,17 +172,22 @@ class Quantize(nn.Module):
 
     # -- forward -------------------------------------------------------------------------------
     def _context(self, x: torch.Tensor, channel_axis: int, block_axis: int) -> QuantContext:
-        if not self.fmt.scaled:
+        if not (self.fmt.scaled or self.auto_fixed):
             return QuantContext(block_axis, channel_axis)
         if self.needs_calibration:
             if not self.calibrated and is_fake(x):  # shape propagation (metadata) only: any scale will do
                 return QuantContext(block_axis, channel_axis, self.scale, self.zero_point)
             if not self.calibrated:
+                way_out = ("or give it a fixed frac_width" if self.auto_fixed else "or set '<role>_dynamic': True")
                 raise RuntimeError(
-                    f"{self.role} quantizer ({self.spec.format}, static scale) is not calibrated: run "
-                    "calibrate_transform_pass first, or set '<role>_dynamic': True"
+                    f"{self.role} quantizer ({self.spec.format}, {self.spec.to_json()}) takes its range from "
+                    f"calibration and is not calibrated: run calibrate_transform_pass first, {way_out}"
                 )
             return QuantContext(block_axis, channel_axis, self.scale, self.zero_point)
+        if self.auto_fixed:  # a parameter: per output row of a matrix / kernel, else per tensor
+            lo, hi = tensor_range(x, channel_axis if x.dim() >= 2 else None)
+            scale, zero_point = self._auto_fixed_scale(lo, hi)
+            return QuantContext(block_axis, channel_axis, scale.to(x.device), zero_point.to(x.device))
         lo, hi = tensor_range(x, channel_axis if self.per_channel else None)
         scale, zero_point = scale_zero_point(lo, hi, self.params["width"], self.params["symmetric"])
         return QuantContext(block_axis, channel_axis, scale, zero_point)

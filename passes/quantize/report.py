@@ -8,6 +8,10 @@ float output of the same node: ``SQNR = 10 log10(sum ref^2 / sum (ref - q)^2)`` 
 over batches (complex outputs compare real and imaginary parts). The error is end to end: it
 includes what earlier quantized nodes contributed. Average bits are element-weighted: weight bits
 over quantized parameters, activation bits over the activations the quantizers saw.
+
+Each node with quantized weights also reports ``weight_zero_fraction``: the share of its nonzero weights
+that quantize to exactly 0. Above one half (a fixed-point fraction width too coarse for the weights'
+range) the node is listed in ``zeroed_weight_nodes`` and a :class:`QuantizationWarning` says what to do.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..metrics import signal_noise_power, sqnr_db
 from ..propagate import flat_inputs
 from .records import LoweringRecord
 from .state import quantized_nodes, quantizers
+from .zeroed import ZEROED_THRESHOLD, warn_zeroed, zero_counts
 
 __all__ = ["quantization_report_analysis_pass", "QuantReportArgs", "QuantReportInfo", "sqnr_db",
            "quantizers_disabled", "format_report"]
@@ -95,14 +100,18 @@ def _run(gm: fx.GraphModule, graph: ForgeGraph, batch: Any, keep: set[str]) -> d
 
 @dataclass(frozen=True)
 class QuantReportInfo(PassInfo):
-    """nodes: one row per quantized node {node, op, format, sqnr_db, <role>_bits}; output_sqnr_db: the
-    model output's SQNR; average weight / activation bits (None when nothing of that kind is quantized)."""
+    """nodes: one row per quantized node {node, op, format, sqnr_db, <role>_bits, and weight_zero_fraction
+    where weights are quantized}; output_sqnr_db: the model output's SQNR; average weight / activation bits
+    (None when nothing of that kind is quantized); weight_zero_fraction: over all quantized weights (None
+    without any); zeroed_weight_nodes: nodes where more than half of the nonzero weights quantize to 0."""
 
     nodes: list[dict[str, Any]] = field(default_factory=list)
     output_sqnr_db: float = 0.0
     avg_weight_bits: float | None = None
     avg_activation_bits: float | None = None
     batches: int = 0
+    weight_zero_fraction: float | None = None
+    zeroed_weight_nodes: list[str] = field(default_factory=list)
 
 
 @forge_pass("analysis", QuantReportArgs, info=QuantReportInfo, requires=("quantized",))
@@ -122,18 +131,24 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
     power = {name: [0.0, 0.0] for name in outputs}
     out_power = [0.0, 0.0]
     elems: dict[str, list[int]] = {}  # path -> [elements seen, calls]
+    zeros: dict[str, list[int]] = {}  # weight quantizer path -> [nonzero weights quantized to 0, nonzero weights]
     counting = [True]
     all_quantizers = quantizers(gm)
 
-    def count(path: str) -> Any:
+    def count(path: str, weight: bool) -> Any:
         def hook(mod: torch.nn.Module, inp: tuple[Any, ...], out: Any) -> None:
             if counting[0] and isinstance(out, torch.Tensor):
                 entry = elems.setdefault(path, [0, 0])
                 entry[0] += out.numel() * (2 if out.is_complex() else 1)
                 entry[1] += 1
+                if weight and inp and isinstance(inp[0], torch.Tensor) and inp[0].shape == out.shape:
+                    z = zeros.setdefault(path, [0, 0])
+                    for i, n in enumerate(zero_counts(inp[0], out)):
+                        z[i] += n
         return hook
 
-    hooks = [q.register_forward_hook(count(path)) for path, q in all_quantizers.items()]
+    hooks = [q.register_forward_hook(count(path, q.is_param and q.role == "weight"))
+             for path, q in all_quantizers.items()]
     batches = 0
     try:
         with evaluating(gm):
@@ -162,6 +177,7 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
     if batches == 0:
         raise ValueError("report data is empty")
     table = []
+    zeroed: list[tuple[str, float]] = []
     for node, rec in nodes:
         row: dict[str, Any] = {"node": node.name, "op": rec.op, "format": rec.format,
                                "sqnr_db": sqnr_db(*power[node.name])}
@@ -169,6 +185,12 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
             q = all_quantizers.get(path)
             if q is not None:
                 row[f"{key}_bits"] = q.bits
+        counts = [zeros[p] for p in rec.quantizers.values() if p in zeros]
+        if counts:
+            nonzero = sum(c[1] for c in counts)
+            row["weight_zero_fraction"] = sum(c[0] for c in counts) / nonzero if nonzero else 0.0
+            if row["weight_zero_fraction"] > ZEROED_THRESHOLD:
+                zeroed.append((node.name, row["weight_zero_fraction"]))
         table.append(row)
     w_bits = w_elems = a_bits = a_elems = 0.0
     for path, (numel, calls) in elems.items():
@@ -179,9 +201,14 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
         else:
             a_bits += q.bits * numel
             a_elems += numel
+    nonzero_weights = sum(c[1] for c in zeros.values())
     info = QuantReportInfo(nodes=table, output_sqnr_db=sqnr_db(*out_power),
                            avg_weight_bits=w_bits / w_elems if w_elems else None,
-                           avg_activation_bits=a_bits / a_elems if a_elems else None, batches=batches)
+                           avg_activation_bits=a_bits / a_elems if a_elems else None, batches=batches,
+                           weight_zero_fraction=sum(c[0] for c in zeros.values()) / nonzero_weights
+                           if nonzero_weights else None,
+                           zeroed_weight_nodes=[name for name, _ in zeroed])
+    warn_zeroed("quantization_report_analysis_pass", zeroed, stacklevel=4)
     if args.print_table:
         print(format_report(info))
     return graph, info
@@ -189,7 +216,8 @@ def quantization_report_analysis_pass(graph: ForgeGraph, args: QuantReportArgs) 
 
 def format_report(info: QuantReportInfo) -> str:
     """A plain-text table of the report (the shared table formatter) and a summary line."""
-    rows = [{"node": r["node"], "op": r["op"], "format": r["format"], "SQNR dB": f"{r['sqnr_db']:.2f}"}
+    rows = [{"node": r["node"], "op": r["op"], "format": r["format"], "SQNR dB": f"{r['sqnr_db']:.2f}",
+             "weights -> 0": "-" if r.get("weight_zero_fraction") is None else f"{r['weight_zero_fraction']:.0%}"}
             for r in info.nodes]
     bits = ["-" if b is None else f"{b:.2f}" for b in (info.avg_weight_bits, info.avg_activation_bits)]
     return (format_table(rows) + f"\nmodel output SQNR {info.output_sqnr_db:.2f} dB; average weight bits "

@@ -41,7 +41,7 @@ def test_mase_config_parses_and_is_not_mutated() -> None:
         (_with(name="integr"), r"unknown quantization format 'integr'; allowed: \['block_fp', 'integer'"),
         (_with(data_in_widht=8), r"unknown key\(s\) \['data_in_widht'\] for format 'integer'; allowed: "
                                  r"\['name', 'bypass', 'data_in_width', 'data_in_frac_width'"),
-        (_with(weight_frac_width=None), r"weight_frac_width must be of type int, got None"),
+        (_with(weight_frac_width=None), r"weight_frac_width must be of type int or one of \['auto'\], got None"),
         (_with(data_in_width=True), r"data_in_width must be of type int, got True"),
         (_with(data_in_width=1), r"data_in_width = 1 is outside \[2, 32\]"),
         ({"by": "types"}, r"'by' must be one of \['type', 'name', 'regex'\]"),

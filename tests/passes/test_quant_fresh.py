@@ -45,7 +45,7 @@ UPDATES: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None]
 def test_eval_after_training_uses_the_updated_weights(update: str) -> None:
     model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
     mg = ForgeGraph(model, torch.randn(2, 16), frontend="fx")
-    quantize_transform_pass(mg, CFG)
+    mg, _ = quantize_transform_pass(mg, CFG)  # a transform returns the quantized graph (its input stays float)
     layer = mg.model.get_submodule("0")
     assert isinstance(layer, QuantizedLinear)
     x = torch.randn(5, 16)
@@ -72,7 +72,7 @@ def test_eval_after_training_uses_the_updated_weights(update: str) -> None:
 
 def test_qat_trained_graph_reloads_to_the_same_outputs(tmp_path: Path) -> None:
     mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask", "labels"]).eval()
-    quantize_transform_pass(mg, CFG)
+    mg, _ = quantize_transform_pass(mg, CFG)
     inputs = bert_inputs()
     with torch.no_grad():
         before = mg(**inputs).logits
