@@ -4,6 +4,13 @@ A pass declares its arguments as a frozen dataclass; the dict a caller passes is
 (an unknown key is an error listing the allowed ones, a wrong type names the key) and copied, so the
 caller's dict is never mutated. Transforms are linted and recompiled after they run, every pass is
 recorded in the graph's history, and any failure is re-raised as a :class:`PassError` naming the pass.
+
+The one rule of graphs: **a transform never changes its input graph.** ``transform(mg, args)`` runs on
+``mg.copy()`` and returns the new graph; ``mg`` (its modules, weights, metadata and history) is as it was,
+so one base graph can be transformed again and again (MASE's per-trial loops). Analysis passes write
+metadata on the graph given and return that same graph. Code that owns its graph (pipelines, search
+trials, the compiler pipeline) calls ``transform.apply_inplace(mg, args)``, which changes and returns
+``mg`` itself and saves the copy.
 """
 
 from __future__ import annotations
@@ -14,14 +21,23 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, Protocol, TypeVar, get_args, get_origin
 
 import torch
 import torch.nn as nn
 import torch.utils.data
 
 from ..graph.forge_graph import ForgeGraph, PassRecord
-from .contract import NumericalContract, PassInfo, PassSpec, check_declared, holds, jsonable, requirement_errors
+from .contract import (
+    NumericalContract,
+    PassInfo,
+    PassSpec,
+    check_declared,
+    current_properties,
+    holds,
+    jsonable,
+    requirement_errors,
+)
 
 PassKind = Literal["analysis", "transform"]
 PASS_KINDS: tuple[str, ...] = ("analysis", "transform")
@@ -41,7 +57,26 @@ class NoArgs:
 
 
 A = TypeVar("A")
-PassFn = Callable[..., tuple[Any, Any]]
+
+
+class PassFn(Protocol):
+    """A registered pass: ``pass_fn(graph, pass_args=None) -> (graph, info)`` plus its declarations.
+
+    ``apply_inplace(graph, pass_args=None)`` runs a transform on ``graph`` itself (no copy) for callers that
+    own the graph; for an analysis pass it is the same as calling the pass.
+    """
+
+    pass_name: str
+    pass_kind: str
+    args_type: type[Any]
+    spec: PassSpec
+    __name__: str
+    __module__: str
+
+    def __call__(self, graph: Any, pass_args: Any = None) -> tuple[Any, Any]: ...
+
+    def apply_inplace(self, graph: Any, pass_args: Any = None) -> tuple[Any, Any]: ...
+
 
 PASSES: dict[str, PassFn] = {}
 PASS_ALIASES: dict[str, str] = {}  # old public name -> registered name (same pass, listed once in PASSES)
@@ -191,6 +226,18 @@ def args_record(args: Any) -> dict[str, Any]:
     return {f.name: jsonable(getattr(args, f.name)) for f in dataclasses.fields(args)}
 
 
+def graph_state(graph: ForgeGraph) -> tuple[Any, ...]:
+    """What a transform can change, cheaply compared: the generated code, the graph properties that hold,
+    every module's path, type and mode, every parameter and buffer's name, identity, shape, dtype,
+    ``requires_grad`` and in-place version (``Tensor._version``). A value written through ``.data`` is
+    invisible here: a pass that changes only such values sets ``changed`` itself."""
+    gm = graph.model
+    modules = tuple((path, type(m), m.training) for path, m in gm.named_modules())
+    tensors = tuple((name, id(t), t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.requires_grad)
+                    for name, t in (*gm.named_parameters(), *gm.named_buffers()))
+    return gm.code, current_properties(graph), modules, tensors
+
+
 def forge_pass(
     kind: PassKind,
     args_type: type[Any] = NoArgs,
@@ -233,8 +280,7 @@ def forge_pass(
             contract=contract,
         )
 
-        @functools.wraps(fn)
-        def run(graph: Any, pass_args: Any = None) -> tuple[Any, Any]:
+        def execute(graph: Any, pass_args: Any, inplace: bool) -> tuple[Any, Any]:
             args = build_args(name, args_type, pass_args)  # bad arguments are reported first
             is_graph = isinstance(graph, ForgeGraph)
             if not is_graph and not (accepts_module and isinstance(graph, nn.Module)):
@@ -243,6 +289,9 @@ def forge_pass(
                 errors = requirement_errors(spec, lambda p: holds(p, graph), PASSES)
                 if errors:
                     raise PassError(f"{name}: " + "; ".join(errors))
+                if kind == "transform" and not inplace:
+                    graph = graph.copy()  # the rule: a transform never changes its input graph
+            before = graph_state(graph) if is_graph and kind == "transform" else None
             try:
                 out, result = fn(graph, args)
                 if kind == "transform":
@@ -253,6 +302,9 @@ def forge_pass(
                 raise PassError(f"{name} failed: {type(exc).__name__}: {exc}") from exc
             if not isinstance(result, info):
                 raise PassError(f"{name} returned info of type {type(result).__name__}, declared {info.__name__}")
+            if before is not None and result.changed is None:
+                changed = out is not graph or graph_state(out) != before
+                object.__setattr__(result, "changed", changed)  # the info is frozen; it is the pass's fresh result
             if is_graph:
                 broken = [p for p in spec.ensures if not holds(p, out)]
                 if broken:
@@ -260,13 +312,25 @@ def forge_pass(
                 out.history.append(PassRecord(name=name, kind=kind, args=args_record(args)))
             return out, result
 
+        @functools.wraps(fn)
+        def run(graph: Any, pass_args: Any = None) -> tuple[Any, Any]:
+            return execute(graph, pass_args, inplace=False)
+
+        def apply_inplace(graph: Any, pass_args: Any = None) -> tuple[Any, Any]:
+            """Run the pass on ``graph`` itself and return it: no copy, ``graph`` is changed (for callers that
+            own the graph, e.g. pipelines and search trials). Calling the pass runs a transform on a copy."""
+            return execute(graph, pass_args, inplace=True)
+
+        apply_inplace.__name__ = apply_inplace.__qualname__ = f"{name}.apply_inplace"
+        run.apply_inplace = apply_inplace  # type: ignore[attr-defined]
         run.pass_name = name  # type: ignore[attr-defined]
         run.pass_kind = kind  # type: ignore[attr-defined]
         run.args_type = args_type  # type: ignore[attr-defined]
         run.spec = spec  # type: ignore[attr-defined]
-        PASSES[name] = run
+        registered = typing.cast(PassFn, run)
+        PASSES[name] = registered
         PASS_ALIASES.update(dict.fromkeys(aliases, name))
-        return run
+        return registered
 
     return wrap
 

@@ -106,6 +106,14 @@ def providers(prop: str, passes: Mapping[str, Any]) -> list[str]:
     return sorted(n for n, fn in passes.items() if prop in getattr(getattr(fn, "spec", None), "ensures", ()))
 
 
+def _before_hint(name: str, prop: str, passes: Mapping[str, Any]) -> str:
+    """What to do when ``prop`` already holds: run the pass on the graph from before the pass that made it."""
+    makers = providers(prop, passes)
+    made = f" ({' or '.join(makers)})" if makers else ""
+    return (f"run {name} on the graph from before {prop!r} was made{made}; a transform leaves its input unchanged "
+            "and returns a new graph, so keep the base graph and pass it each time (or a base.copy() taken earlier)")
+
+
 def requirement_errors(spec: PassSpec, present: frozenset[str] | Callable[[str], bool],
                        passes: Mapping[str, Any]) -> list[str]:
     """Why ``spec`` cannot run given the properties present (a set, or a predicate); [] when it can."""
@@ -118,7 +126,8 @@ def requirement_errors(spec: PassSpec, present: frozenset[str] | Callable[[str],
             errors.append(f"requires {prop!r} ({PROPERTIES[prop].meaning}), which does not hold{hint}")
     for prop in spec.forbids:
         if has(prop):
-            errors.append(f"cannot run on a graph where {prop!r} holds ({PROPERTIES[prop].meaning})")
+            errors.append(f"cannot run on a graph where {prop!r} holds ({PROPERTIES[prop].meaning}): "
+                          f"{_before_hint(spec.name, prop, passes)}")
     return errors
 
 
@@ -143,10 +152,20 @@ def plan_properties(steps: Iterable[PassSpec], start: frozenset[str],
 @dataclass(frozen=True)
 class PassInfo:
     """Base of every pass's typed, frozen result. ``info.field`` is the API; ``info["field"]`` and
-    ``to_json()`` keep dict-style readers and reports working."""
+    ``to_json()`` keep dict-style readers and reports working.
+
+    ``changed`` (every transform's info): whether the transform changed the graph. A pass may set it; when
+    it leaves it None the pass decorator sets it by comparing the graph's code, modules and tensors before
+    and after (passes/base). It stays None on analysis infos, and ``to_json()`` leaves it out then.
+    """
+
+    changed: bool | None = dataclasses.field(default=None, kw_only=True)
 
     def to_json(self) -> dict[str, Any]:
-        return jsonable(self)
+        out = jsonable(self)
+        if self.changed is None:
+            out.pop("changed")
+        return out
 
     def __getitem__(self, key: str) -> Any:
         if key not in {f.name for f in dataclasses.fields(self)}:

@@ -3,7 +3,8 @@
 ``Pipeline([...])(mg)`` returns ``(graph, report)``. Building a pipeline resolves every pass name and
 validates every step's args; calling it checks the whole order against the passes' requires / forbids /
 ensures / invalidates declarations (passes/contract.plan_properties) before step 1, runs on
-``mg.copy()`` unless ``inplace=True``, checks each transform's numerical contract after it runs
+``mg.copy()`` unless ``inplace=True`` (one copy for the whole run: its steps then change that graph in place,
+``pass.apply_inplace``), checks each transform's numerical contract after it runs
 (``verify=True``) and records itself in the graph's history so :meth:`Pipeline.from_history` can
 rebuild it from a reloaded checkpoint.
 """
@@ -205,7 +206,7 @@ class Pipeline:
             checker.before_step(mg, contract)
         t0 = time.perf_counter()
         try:
-            out, info = step.fn(mg, step.built)
+            out, info = step.run_inplace(mg)
         except Exception as exc:
             raise PipelineError(f"pipeline {self.name!r} step {step.index} ({step.name}) failed: {exc}") from exc
         seconds = time.perf_counter() - t0

@@ -76,6 +76,7 @@ def _action(fn: Callable[..., Any], name: str, kind: str, args_type: type, info:
     fn.spec = PassSpec(name=name, kind=kind, args_type=args_type, info_type=info,  # type: ignore[attr-defined]
                        contract=contract)
     fn.pass_name = name  # type: ignore[attr-defined]
+    fn.apply_inplace = fn  # type: ignore[attr-defined]  # an action always works on the pipeline's own graph
     return fn
 
 
@@ -151,6 +152,10 @@ class Step:
         if self.thresholds:
             out["contract"] = dict(self.thresholds)
         return out
+
+    def run_inplace(self, graph: Any) -> tuple[Any, Any]:
+        """Run the step on ``graph`` itself (the pipeline owns it: no copy per step, see passes/base)."""
+        return self.fn.apply_inplace(graph, self.built)  # type: ignore[attr-defined]
 
     @property
     def replayable(self) -> bool:

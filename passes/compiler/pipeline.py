@@ -3,17 +3,18 @@
 Order per round: CSE (merge the unrolled copies) → DCE → hoist parameter-only subgraphs → batch
 matmuls (sequence, siblings, biases) → fuse elementwise chains → CSE → DCE; then, for inference only
 (``fold=True``, graph in eval mode), fold constants into buffers. Rounds repeat until one changes
-nothing (the node count and every info are stable) or ``max_rounds`` is reached. A plain function:
-a pipelines/ preset can wrap it.
+nothing (no step's info reports ``changed``) or ``max_rounds`` is reached. A plain function: a
+pipelines/ preset can wrap it. Like a transform it leaves its input graph unchanged: it copies it once
+and runs every step in place on that copy (``apply_inplace``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ...graph.forge_graph import ForgeGraph
+from ..base import PassFn
 from ..contract import PassInfo
 from .batch_matmuls import batch_matmuls_transform_pass
 from .cse import cse_transform_pass
@@ -22,7 +23,7 @@ from .fold import fold_constants_transform_pass
 from .fuse_elementwise import fuse_elementwise_transform_pass
 from .hoist import hoist_parameter_subgraphs_transform_pass
 
-STEPS: dict[str, Callable[..., tuple[ForgeGraph, Any]]] = {
+STEPS: dict[str, PassFn] = {
     "cse": cse_transform_pass,
     "dce": dce_transform_pass,
     "hoist": hoist_parameter_subgraphs_transform_pass,
@@ -44,12 +45,6 @@ class OptimizeInfo(PassInfo):
     folded: int
 
 
-def _changed(info: Any) -> bool:
-    return info.nodes_before != info.nodes_after or any(
-        getattr(info, k, 0) for k in ("merged", "removed", "hoisted", "sequence_batched", "sibling_batched",
-                                      "biases_absorbed", "addcmul"))
-
-
 def optimize_graph_pipeline(graph: ForgeGraph, *, skip: tuple[str, ...] = (), fold: bool = False,
                             max_rounds: int = 4) -> tuple[ForgeGraph, OptimizeInfo]:
     """Run the compiler passes to a fixed point (``skip`` names steps to leave out, for ablations).
@@ -63,6 +58,7 @@ def optimize_graph_pipeline(graph: ForgeGraph, *, skip: tuple[str, ...] = (), fo
     if max_rounds < 1:
         raise ValueError(f"optimize_graph_pipeline: max_rounds must be >= 1, got {max_rounds}")
     before = len(graph.model.graph.nodes)
+    graph = graph.copy()  # one copy for the whole pipeline; the steps below change it in place
     steps: list[tuple[str, dict[str, Any]]] = []
     rounds = 0
     for rounds in range(1, max_rounds + 1):  # noqa: B007 -- reported
@@ -70,14 +66,14 @@ def optimize_graph_pipeline(graph: ForgeGraph, *, skip: tuple[str, ...] = (), fo
         for name in ROUND:
             if name in skip:
                 continue
-            graph, info = STEPS[name](graph)
+            graph, info = STEPS[name].apply_inplace(graph)
             steps.append((name, info.to_json()))
-            changed |= _changed(info)
+            changed |= bool(info.changed)
         if not changed:
             break
     folded = 0
     if fold:
-        graph, info = fold_constants_transform_pass(graph)
+        graph, info = fold_constants_transform_pass.apply_inplace(graph)
         steps.append(("fold_constants", info.to_json()))
         folded = info.folded
     return graph, OptimizeInfo(rounds=rounds, steps=tuple(steps), nodes_before=before,

@@ -65,7 +65,7 @@ def test_requires_and_ensures_checked_with_uniform_errors(scratch_passes: list[s
     with pytest.raises(PassError, match=r"_liar_pass promised \['_marked'\]"):
         _liar_pass(mg)
     mg, info = _mark_pass(mg)
-    assert info.count == 1 and info["count"] == 1 and info.to_json() == {"count": 1, "names": []}
+    assert info.count == 1 and info["count"] == 1 and info.to_json() == {"count": 1, "names": [], "changed": True}
     mg, _ = passes.init_metadata_analysis_pass(mg)
     _, info = _needs_mark_pass(mg)
     assert info.count == 2

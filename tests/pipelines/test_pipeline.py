@@ -119,7 +119,7 @@ def test_report_is_data_and_a_table_and_history_records_the_pipeline() -> None:
     data = json.loads(json.dumps(report.to_json()))
     step = data["steps"][0]
     assert step["pass"] == "_bounded_scale_pass" and step["args"] == {"factor": 2.0}
-    assert step["info"] == {"factor": 2.0} and step["seconds"] >= 0
+    assert step["info"] == {"factor": 2.0, "changed": True} and step["seconds"] >= 0
     assert step["contract"]["kind"] == "bounded" and step["contract"]["max_abs"] > 0
     text = str(report)
     assert "pipeline demo" in text and "_bounded_scale_pass" in text and "exact ok" in text
