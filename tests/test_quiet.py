@@ -14,27 +14,36 @@ from fxforge.hub import hub_reachable, reset_probe
 from fxforge.quiet import QUIET_LOGGERS, quiet
 
 
-def test_quiet_restores_logger_levels_and_scopes_warning_filters() -> None:
+def test_quiet_restores_logger_levels() -> None:
     logging.getLogger("transformers").setLevel(logging.INFO)
     before = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
     with quiet():
         assert all(logging.getLogger(n).level == logging.ERROR for n in QUIET_LOGGERS)
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-            warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning, stacklevel=1)
-        assert not seen
     assert {name: logging.getLogger(name).level for name in QUIET_LOGGERS} == before
     logging.getLogger("transformers").setLevel(logging.NOTSET)
 
 
-def test_loading_minilm_prints_no_load_report_or_torchao_noise() -> None:
+def test_quiet_ignores_only_its_known_warnings_and_only_inside() -> None:
+    """quiet()'s own filters decide: the known pytree warning is dropped inside the block, an unknown warning is
+    not, and after the block the known one shows again (the filters were scoped, not installed globally)."""
+    known = "`isinstance(treespec, LeafSpec)` is deprecated, use `treespec.is_leaf()` instead"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet():
+            warnings.warn(known, FutureWarning, stacklevel=1)
+            warnings.warn("something new and worth seeing", FutureWarning, stacklevel=1)
+        warnings.warn(known, FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["something new and worth seeing", known]
+
+
+def test_loading_minilm_prints_nothing() -> None:
+    """fxforge's loader keeps transformers' load report, torchao's library notices and pytree deprecations out:
+    the process prints only what the caller prints (no list of third-party texts to miss a new one)."""
     code = "from fxforge.models import bert; bert.minilm_for_sequence_classification(); print('loaded')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr
-    for noise in ("LOAD REPORT", "Failed to load", "register_constant", "Loading weights"):
-        assert noise not in proc.stderr + proc.stdout
+    assert proc.returncode == 0 and proc.stdout == "loaded\n", proc.stderr
+    assert proc.stderr == ""
 
 
 def test_hub_probe_runs_once_and_says_so_once(monkeypatch: pytest.MonkeyPatch,
