@@ -4,7 +4,8 @@ Selected Linear / Conv layers become their masked twins (passes/prune/modules.py
 engine; the masks are buffers applied in the forward, so pruned weights stay zero through training,
 LoRA, quantization and checkpoints. Structured granularities use the graph's dependency groups
 (passes/prune/groups.py): ``head`` masks the q/k/v rows of whole attention heads, ``ffn`` whole
-feed-forward units; ``shrink_transform_pass`` then removes masked groups physically.
+feed-forward units (passes/prune/ffn.py; a gated MLP's gate and up rows together);
+``shrink_transform_pass`` then removes masked groups physically.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..contract import NumericalContract, PassInfo, register_property
 from ..rewrite import NoMatchError, describe_candidates, inject_modules
 from ..select import select_nodes
 from .config import PruneArgs, PruneSection
+from .ffn import ffn_units
 from .groups import DependencyGraph, GroupError, analyse_dependencies
 from .modules import PRUNED_LAYERS, is_masked, pruned_from
 from .scores import unit_taylor_scores, weight_scores
@@ -74,40 +76,6 @@ def _lowest(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     return out.reshape(scores.shape)
 
 
-def _units_of(dep: DependencyGraph, path: str) -> list[int]:
-    return [u for u, (p, _) in enumerate(dep.units) if p == path]
-
-
-def _ffn_layers(dep: DependencyGraph, layers: dict[str, nn.Module], modules: dict[str, nn.Module]) -> dict[str, str]:
-    """path -> '' when every row is one free FFN unit feeding a Linear back to the input width, else why not."""
-    classes = dep.classes()
-    heads = dep.head_of()
-    out: dict[str, str] = {}
-    for path, layer in layers.items():
-        units = _units_of(dep, path)
-        if not units:
-            out[path] = "its output is not an FFN unit (not a Linear output the graph analysis follows)"
-            continue
-        why = ""
-        for u in units:
-            root = dep.find(u)
-            if root in heads:
-                why = f"its rows belong to attention heads ({heads[root][0]})"
-            elif len(classes[root]) != 1:
-                why = "its rows are tied to other layers' rows (not independent FFN units)"
-            elif dep.pinned(root):
-                why = f"its rows cannot be removed: {dep.pinned(root)}"
-            if why:
-                break
-        roots = {dep.find(x) for x in units}
-        consumers = [c for c, cols in dep.columns.items() if any(dep.find(v) in roots for v in cols.values())]
-        widths = {getattr(modules[c], "out_features", None) for c in consumers}
-        if not why and widths != {getattr(layer, "in_features", None)}:
-            why = "its units do not feed a Linear back to the layer's input width (not a feed-forward block)"
-        out[path] = why
-    return out
-
-
 def _structured_units(sec: PruneSection, dep: DependencyGraph | None, layers: dict[str, nn.Module],
                       modules: dict[str, nn.Module], explicit: bool) -> tuple[dict[str, nn.Module], list[Unit]]:
     """The layers that carry ``sec.granularity`` units (a subset of the selected ``layers`` when the
@@ -118,17 +86,7 @@ def _structured_units(sec: PruneSection, dep: DependencyGraph | None, layers: di
             units += [(path, [(path, r)]) for r in range(layer.weight.shape[0])]
         return layers, units
     if sec.granularity == "ffn":
-        why = _ffn_layers(dep, layers, modules)
-        bad = {p: w for p, w in why.items() if w}
-        ok = [p for p, w in why.items() if not w]
-        if explicit and bad:
-            p, w = next(iter(bad.items()))
-            raise GroupError(f"ffn pruning: layer {p!r} has no FFN units: {w}; layers with FFN units: {ok}")
-        if not ok:
-            raise GroupError(f"ffn pruning: no selected layer has FFN units ({next(iter(bad.values()), '')})")
-        for path in ok:
-            units += [(path, [(path, r)]) for r in range(layers[path].weight.shape[0])]
-        return {p: layers[p] for p in ok}, units
+        return ffn_units(dep, layers, modules, explicit)
     heads, classes = dep.head_of(), dep.classes()
     in_heads = {dep.units[u][0] for root in heads for u in classes[root]}
     bad = [p for p in layers if p not in in_heads]
