@@ -5,7 +5,6 @@ command exits 1 saying so, instead of pretending to work.
 """
 
 import importlib
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,18 +13,15 @@ import typer
 from .app import app
 from .errors import CliError
 
-MaybeInt = Annotated[int | None, typer.Option(help="Override [search] n_trials.")]
+MaybeInt = Annotated[int | None, typer.Option(help="Override the config's n_trials (the study's total).")]
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file as a dict; CliError naming the file for a missing file or a syntax error."""
-    if not path.is_file():
-        raise CliError(f"{path}: no such file")
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise CliError(f"{path}: invalid TOML ({exc})") from None
+def _read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file as a dict through fxforge's one hardened reader (size cap, strict UTF-8, regular file);
+    CliError naming the file otherwise."""
+    from ..graph.toml_file import load_toml_file
+
+    return load_toml_file(path, what, CliError)
 
 
 def _feature(module: str, attr: str, what: str) -> Any:
@@ -60,7 +56,7 @@ def run(
     out: Annotated[Path, typer.Option("-o", "--out", help="Checkpoint directory to export.")],
 ) -> None:
     """Run the pipeline PIPELINE.toml on MODEL and export the result as a checkpoint."""
-    _read_toml(pipeline)
+    _read_toml(pipeline, "pipeline file")
     pipeline_cls = _feature("fxforge.pipelines", "Pipeline", "pipelines")
     from .resolve import load_graph
 
@@ -80,19 +76,32 @@ def search(
     storage: Annotated[str | None, typer.Option(help="Study storage, e.g. postgresql://user@host/db.")] = None,
     study: Annotated[str | None, typer.Option(help="Study name (required for a worker).")] = None,
     n_trials: MaybeInt = None,
+    resume: Annotated[bool | None, typer.Option(
+        "--resume/--no-resume", help="Continue the study this config created in an earlier run (the default, "
+                                     "unless the config sets resume = false); --no-resume refuses an existing "
+                                     "study.")] = None,
     results: Annotated[Path | None, typer.Option(help="Write the results JSON here (for `fxforge report "
                                                       "--search`).")] = None,
 ) -> None:
-    """Run the search CONFIG.toml describes (resumable), or join a study as a worker: `search worker --storage`."""
-    overrides: dict[str, Any] = {k: v for k, v in (("storage", storage), ("n_trials", n_trials)) if v is not None}
+    """Run the search CONFIG.toml describes, or join a study as a worker: `search worker --storage`.
+
+    Resumable: rerunning the same CONFIG.toml continues its study (as Optuna's load_if_exists does).
+
+    n_trials is the study's total: `--n-trials 20` after a 10-trial run adds 10 trials.
+
+    A study of that name made from a different config is refused: use --study NAME for a new one.
+    """
+    overrides: dict[str, Any] = {k: v for k, v in (("storage", storage), ("n_trials", n_trials),
+                                                   ("resume", resume)) if v is not None}
     if config == "worker":
         if storage is None or study is None:
             raise CliError("a worker needs --storage postgresql://… (or sqlite:///…) and --study NAME")
         worker = _feature("fxforge.search", "worker", "searches")
         overrides.pop("storage")
+        overrides.pop("resume", None)
         result = worker(study, storage, **overrides)
     else:
-        doc = _read_toml(Path(config))
+        doc = _read_toml(Path(config), "search config")
         from_config = _feature("fxforge.search", "search_from_config", "searches")
         if study is not None:
             overrides["study_name"] = study
@@ -101,5 +110,3 @@ def search(
     if results is not None:
         result.to_json(results)
         typer.echo(f"results written to {results}")
-
-

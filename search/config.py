@@ -3,10 +3,11 @@ what a worker on another machine rebuilds from the study itself.
 
 ::
 
-    [search]                      # study_name, n_trials, sampler, pruner, objectives, storage, run_dir, seed
+    [search]                      # study_name, n_trials, sampler, pruner, objectives, storage, run_dir, seed,
+                                  # resume (default true: a rerun continues the study its config made)
     study_name = "minilm-joint"
     objectives = ["accuracy", "avg_weight_bits"]
-    [model]                       # name = "minilm" | "tiny-bert", or checkpoint = "path/to/fxforge/checkpoint"
+    [model]                       # a models.zoo name ("minilm", "tiny-bert", ...) or checkpoint = "path/to/ckpt"
     name = "minilm"
     hf_input_names = ["input_ids", "attention_mask", "labels"]
     [task]                        # TextClassificationTask keywords (dataset, train_size, eval_size, ...)
@@ -21,19 +22,23 @@ what a worker on another machine rebuilds from the study itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import optuna
+
+from ..graph.toml_file import load_toml_file
 from .errors import SearchError
 from .objectives import Constraint
 from .runner import CONFIG_ATTR, Search
 from .space import space_from_spec
+from .storage import StorageSpec, open_storage
 from .task import TextClassificationTask
 
-__all__ = ["CONFIG_ATTR", "load_config", "search_from_config"]
+__all__ = ["CONFIG_ATTR", "check_resumable", "load_config", "search_from_config"]
 
 _SECTIONS = ("search", "model", "task", "space", "constraints")
 _SEARCH_KEYS = ("study_name", "n_trials", "sampler", "pruner", "objectives", "storage", "run_dir", "seed", "resume",
@@ -42,15 +47,9 @@ _MODEL_KEYS = ("name", "checkpoint", "hf_input_names", "num_labels")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Parse a search TOML file; a syntax error names the file and line."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise SearchError(f"{path}: no such search config") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SearchError(f"{path}: {exc}") from None
+    """Read a search TOML file through fxforge's one hardened TOML reader (graph/toml_file.py: a regular
+    file of at most 1 MiB, strict UTF-8); SearchError naming the file (and the line of a syntax error)."""
+    return load_toml_file(path, "search config", SearchError)
 
 
 def _check(section: str, given: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
@@ -60,31 +59,75 @@ def _check(section: str, given: Mapping[str, Any], allowed: tuple[str, ...]) -> 
 
 
 def _base_graph(model: Mapping[str, Any]) -> Any:
+    """The base graph: a checkpoint, or a model of the zoo (models.zoo, what ``fxforge inspect NAME`` builds)
+    captured with the zoo's capture keywords (``hf_input_names`` in [model] replaces the zoo's)."""
     from ..graph.forge_graph import ForgeGraph
 
     if "checkpoint" in model:
         return ForgeGraph.from_checkpoint(model["checkpoint"])
-    from ..models import bert
+    from ..models import zoo
 
     name = model.get("name")
-    builders = {"minilm": lambda: bert.minilm_for_sequence_classification(int(model.get("num_labels", 2))),
-                "tiny-bert": lambda: bert.tiny_bert(num_labels=int(model.get("num_labels", 2)))}
-    if name not in builders:
-        raise SearchError(f"[model]: name must be one of {sorted(builders)} (or give checkpoint = PATH), got {name!r}")
-    names = model.get("hf_input_names", ["input_ids", "attention_mask", "labels"])
-    return ForgeGraph(builders[name]().eval(), hf_input_names=list(names))
+    if name not in zoo.ZOO:
+        raise SearchError(f"[model]: name must be one of {sorted(zoo.ZOO)} (or give checkpoint = PATH), got {name!r}")
+    built = zoo.build(name)
+    labels = getattr(getattr(built.model, "config", None), "num_labels", None)
+    if "num_labels" in model and model["num_labels"] != labels:
+        raise SearchError(f"[model]: the zoo's {name} has {labels} labels, not {model['num_labels']}; for another "
+                          "head give checkpoint = PATH (a model exported with `ForgeGraph(...).export(PATH)`)")
+    capture = dict(built.capture)
+    if "hf_input_names" in model:
+        capture["hf_input_names"] = list(model["hf_input_names"])
+    return ForgeGraph(built.model.eval(), **capture)
+
+
+_RUN_LENGTH = ("n_trials", "timeout", "resume", "storage")  # may change between runs of one study
+
+
+def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What must match for a rerun to continue a study: the config without its run-length keys."""
+    out = json.loads(json.dumps(config, sort_keys=True, default=str))
+    out["search"] = {k: v for k, v in out.get("search", {}).items() if k not in _RUN_LENGTH}
+    return out
+
+
+def check_resumable(config: Mapping[str, Any], section: Mapping[str, Any]) -> None:
+    """Refuse to continue an existing study of this name unless it was created from the same config (up to
+    n_trials, timeout, resume and storage): continuing it otherwise mixes trials measured differently."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Search)}
+    name = section.get("study_name", defaults["study_name"])
+    storage = open_storage(StorageSpec(section.get("storage")), Path(section.get("run_dir", defaults["run_dir"])))
+    if name not in optuna.get_all_study_names(storage):
+        return
+    stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get(CONFIG_ATTR)
+    if stored is None:
+        raise SearchError(f"study {name!r} exists but was not created from a config; choose another study_name "
+                          "(--study) or run_dir")
+    old, new = _identity(json.loads(stored)), _identity(config)
+    if old != new:
+        differ = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+        raise SearchError(f"study {name!r} exists, created from a different config ({', '.join(differ)} differ); "
+                          "continuing it would mix trials measured differently: choose another study_name "
+                          "(--study) or run_dir, or restore the config")
 
 
 def search_from_config(config: Mapping[str, Any], **overrides: Any) -> Search:
-    """Build the :class:`Search` a config describes (``overrides`` replace [search] keys, e.g. storage)."""
+    """Build the :class:`Search` a config describes (``overrides`` replace [search] keys, e.g. storage).
+
+    A config describes one study: unless ``resume`` is false, an existing study of the same name created
+    from the same config (n_trials, timeout and storage may differ) is continued — ``n_trials`` is the
+    study's total, so a larger one adds trials — and one created from another config is refused; with
+    ``resume = false`` any existing study of that name is refused."""
     _check("top level", config, _SECTIONS)
-    section = {**dict(config.get("search", {})), **overrides}
+    section = {"resume": True, **dict(config.get("search", {})), **overrides}
     _check("search", section, _SEARCH_KEYS)
     model = dict(config.get("model", {}))
     _check("model", model, _MODEL_KEYS)
     if "space" not in config:
         raise SearchError("a search config needs a [space] section")
     space = space_from_spec(config["space"])
+    if section["resume"]:
+        check_resumable(config, section)
     task = TextClassificationTask(**dict(config["task"])) if "task" in config else None
     constraints = []
     for c in config.get("constraints", []):
@@ -93,4 +136,4 @@ def search_from_config(config: Mapping[str, Any], **overrides: Any) -> Search:
     capture = {"hf_input_names": list(model.get("hf_input_names", ["input_ids", "attention_mask", "labels"]))}
     base = _base_graph(model) if space.needs_graph else None
     return Search(space=space, base=base, task=task, constraints=constraints, capture=capture,
-                  config_json=json.dumps(config, sort_keys=True), **section)
+                  config_json=json.dumps(config, sort_keys=True, default=str), **section)

@@ -99,9 +99,12 @@ def test_tampered_checkpoints_fail_with_one_line(checkpoint: tuple[Path, int], t
 def test_run_and_search_bad_input_and_missing_features(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[pipeline\nsteps = 3\n")
-    assert_one_line_error(run_cli("run", str(bad), "tiny-bert", "-o", str(tmp_path / "o")), "invalid TOML")
-    assert_one_line_error(run_cli("run", str(tmp_path / "missing.toml"), "tiny-bert", "-o", "o"), "no such file")
-    assert_one_line_error(run_cli("search", str(bad)), "invalid TOML")
+    assert_one_line_error(run_cli("run", str(bad), "tiny-bert", "-o", str(tmp_path / "o")),
+                          "bad.toml: TOML syntax error at line 1")
+    assert_one_line_error(run_cli("run", str(tmp_path / "missing.toml"), "tiny-bert", "-o", "o"),
+                          "missing.toml: no such pipeline file")
+    assert_one_line_error(run_cli("search", str(bad)), "bad.toml: TOML syntax error at line 1")
+    assert_one_line_error(run_cli("search", str(tmp_path)), "is a directory, not a search config")
     good = tmp_path / "good.toml"
     good.write_text('[[steps]]\npass = "remove_dropout_transform_pass"\n')
     proc = run_cli("run", str(good), "tiny-bert", "-o", str(tmp_path / "o"))

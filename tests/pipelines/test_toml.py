@@ -72,8 +72,30 @@ def test_toml_bad_content_is_refused_with_the_file_and_step(tmp_path: Path) -> N
         with pytest.raises(PipelineError, match=message):
             Pipeline.from_toml(_write(tmp_path, text))
     assert calls == []
-    with pytest.raises(PipelineError, match="cannot read the pipeline file"):
+    with pytest.raises(PipelineError, match=r"missing\.toml: no such pipeline file"):
         Pipeline.from_toml(tmp_path / "missing.toml")
     (tmp_path / "bin.toml").write_bytes(b"name = \"\xff\"\n")
-    with pytest.raises(PipelineError, match="not UTF-8"):
+    with pytest.raises(PipelineError, match=r"bin\.toml: pipeline file is not UTF-8 text \(invalid start byte at"):
         Pipeline.from_toml(tmp_path / "bin.toml")
+
+
+def test_hostile_files_are_refused_naming_the_file(tmp_path: Path) -> None:
+    """The one TOML reader (graph/toml_file.py): a file over the size cap is refused before it is read, as are a
+    directory and a FIFO (which would block a plain read); a file at the cap parses."""
+    import os
+
+    from fxforge.graph.toml_file import MAX_TOML_BYTES, TomlFileError, load_toml_file
+
+    big = tmp_path / "big.toml"
+    big.write_text(GOOD + "#" * (MAX_TOML_BYTES - len(GOOD)) + "\n")
+    with pytest.raises(PipelineError, match=rf"big\.toml: {MAX_TOML_BYTES + 1} bytes is larger than the "
+                                            rf"{MAX_TOML_BYTES} allowed for a pipeline file"):
+        Pipeline.from_toml(big)
+    big.write_text(GOOD + "#" * (MAX_TOML_BYTES - len(GOOD) - 1) + "\n")
+    assert Pipeline.from_toml(big).name == "toml-demo"
+    with pytest.raises(PipelineError, match=r"is a directory, not a pipeline file"):
+        Pipeline.from_toml(tmp_path)
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(TomlFileError, match=r"fifo\.toml: not a regular file"):
+        load_toml_file(fifo)
