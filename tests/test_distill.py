@@ -54,7 +54,8 @@ def test_get_trainer_distills_from_a_frozen_graph_teacher(tiny_data: tuple[dict,
     s_before = student.model.classifier.weight.detach().clone()
     trainer = get_trainer(student, ds, tok, output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
                           teacher=teacher, distill={"alpha": 0.5, "temperature": 3.0})
-    assert isinstance(trainer.model, DistillationModel)
+    assert trainer.model.teacher.graph_module is teacher.model and trainer.model.student.graph_module is student.model
+    assert trainer.model.distill_config == DistillConfig(alpha=0.5, temperature=3.0)  # the settings reach the loss
     assert trainer.train().global_step == 2
     assert not torch.equal(s_before, student.model.classifier.weight)
     assert all(torch.equal(v, teacher.model.state_dict()[k]) for k, v in t_before.items())

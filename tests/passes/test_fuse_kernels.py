@@ -88,7 +88,7 @@ def test_afno_gpt_fused() -> None:
 
 def test_bert_eager_attention_scaled_masked_softmax() -> None:
     model = make_tiny_bert()
-    model.config._attn_implementation = "eager"
+    model.set_attn_implementation("eager")  # public API (config._attn_implementation is private)
     base = _meta(ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"]))
     fused, info = fuse_kernels_transform_pass(base.copy())
     assert info.fused == {"scaled_masked_softmax": 2, "add_layer_norm": 4, "bias_gelu": 2}
@@ -159,7 +159,7 @@ def test_graph_without_patterns_is_unchanged() -> None:
 
 def test_fused_graph_exports_and_reloads(tmp_path: Path) -> None:
     model = make_tiny_bert()
-    model.config._attn_implementation = "eager"
+    model.set_attn_implementation("eager")  # public API (config._attn_implementation is private)
     mg = _meta(ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"]))
     mg, _ = fuse_kernels_transform_pass(mg)
     inputs = bert_inputs(labels=False)

@@ -146,7 +146,12 @@ def test_lora_finetune_preset_trains_with_get_trainer(tiny_data: tuple[dict, obj
     assert [s.name for s in report.steps] == ["insert_lora_adapter_transform_pass", "finetune",
                                               "fuse_lora_weights_transform_pass"]
     assert report[1].contract.kind == "bounded" and report[1].contract.max_abs > 0  # training changed outputs
-    assert 0.0 <= report[1].info.eval["eval_accuracy"] <= 1.0
+    test = ds["test"]  # the reported accuracy is the trained graph's own on the test split
+    batch = tok.pad({"input_ids": test["input_ids"], "attention_mask": test["attention_mask"]}, return_tensors="pt")
+    labels = torch.tensor(test["labels"])
+    with torch.no_grad():
+        logits = out.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).logits
+    assert report[1].info.eval["eval_accuracy"] == pytest.approx((logits.argmax(-1) == labels).float().mean().item())
     assert out.history[0].args["steps"][1]["replayable"] is False
     with pytest.raises(PipelineError, match="finetune"):
         Pipeline.from_history(out)
