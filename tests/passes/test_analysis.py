@@ -5,26 +5,47 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from conftest import make_gpt
+from conftest import bert_inputs, make_gpt
 
 from fxforge import ForgeGraph, passes
 
 
-def test_count_dropouts_in_bert(tiny_bert: nn.Module) -> None:
+def _modules_run(model: nn.Module, kind: type[nn.Module]) -> int:
+    """How many ``kind`` modules one train-mode eager forward calls (capture traces in train mode): what
+    transformers' code runs, however it is written."""
+    calls: list[str] = []
+    hooks = [m.register_forward_hook(lambda *_, name=name: calls.append(name))
+             for name, m in model.named_modules() if isinstance(m, kind)]
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.train()(**bert_inputs())
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return len(calls)
+
+
+def test_count_ops_in_bert_are_the_layers_that_run(tiny_bert: nn.Module) -> None:
+    """One count per dropout / linear the model runs: a dropout module that only lends its p to SDPA is not a
+    dropout op (its attention dropout lives in the SDPA module), so counts come from a forward, not the module tree."""
+    dropouts, linears = _modules_run(tiny_bert, nn.Dropout), _modules_run(tiny_bert, nn.Linear)
+    assert linears == sum(isinstance(m, nn.Linear) for m in tiny_bert.modules())  # every linear runs once
     mg = ForgeGraph(tiny_bert)
     _, info = passes.count_op_analysis_pass(mg)
-    # embeddings + 2 per layer + classifier head; attention dropout lives in the SDPA module.
-    assert info["counts"]["dropout"] == 6
-    assert info["counts"]["linear"] == 2 * 6 + 2  # q k v o, intermediate, output per layer; pooler; classifier
+    assert info["counts"]["dropout"] == dropouts > 0
+    assert info["counts"]["linear"] == linears
     _, only = passes.count_op_analysis_pass(mg, {"ops": ["dropout", "conv2d"]})
-    assert only["counts"] == {"conv2d": 0, "dropout": 6}
+    assert only["counts"] == {"conv2d": 0, "dropout": dropouts}
 
 
 def test_count_op_names_are_validated(tiny_bert: nn.Module) -> None:
     mg = ForgeGraph(tiny_bert)
     # nn.Module class names are aliases of their canonical op (MASE users write "Dropout")
     _, info = passes.count_op_analysis_pass(mg, {"ops": ["Dropout", "Linear", "dropout"]})
-    assert info["counts"] == {"dropout": 6, "linear": 14}
+    _, canonical = passes.count_op_analysis_pass(mg, {"ops": ["dropout", "linear"]})
+    assert info["counts"] == canonical["counts"] and canonical["counts"]["linear"] > 0
     for bad, close in (("Dropuot", "Dropout"), ("linearr", "linear"), ("no_such_op", "")):
         with pytest.raises(passes.PassArgsError, match=f"count_op_analysis_pass: unknown op name '{bad}'.*{close}"):
             passes.count_op_analysis_pass(mg, {"ops": [bad]})
