@@ -22,6 +22,7 @@ from ..graph.forge_graph import ForgeGraph
 from ..pipelines import Pipeline
 from .errors import SearchError
 from .objectives import Constraint, Objective, resolve_objectives
+from .progress import OptunaLogsAboveBar
 from .space import SearchSpace, TrialPlan
 from .storage import StorageSpec, batched_params, open_storage
 from .task import Task
@@ -368,6 +369,7 @@ class _progress:
 
             self.bar = tqdm(total=self.search.n_trials, initial=self.done, desc=f"search {self.search.study_name}",
                             unit="trial", leave=True)
+        self.logs = OptunaLogsAboveBar(self.bar).__enter__()  # Optuna's lines above the bar, no Trainer bars
         return self
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -383,5 +385,6 @@ class _progress:
             self.bar.set_postfix(pareto=len(study.best_trials))
 
     def __exit__(self, *exc: object) -> None:
+        self.logs.__exit__(None, None, None)
         if self.bar is not None:
             self.bar.close()

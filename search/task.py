@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import SearchError
+from .progress import search_bar_shown
 
 if TYPE_CHECKING:
     import optuna
@@ -203,7 +204,8 @@ class TextClassificationTask(Task):
 
         overrides = dict(task.train_args)
         training_args = dict(overrides.pop("training_args", {}))
-        training_args.setdefault("disable_tqdm", not self.progress)  # a bar per trial's training
+        # a bar per training, but none nested inside a search's progress bar
+        training_args.setdefault("disable_tqdm", not self.progress or search_bar_shown())
         training_args.setdefault("logging_strategy", "no")
         if self.report_every:
             training_args.update(eval_strategy="steps", eval_steps=self.report_every)
@@ -215,7 +217,7 @@ class TextClassificationTask(Task):
             trainer.add_callback(_Report())
             for noisy in (PrinterCallback, ProgressCallback):  # both print every metrics dict they are given
                 trainer.remove_callback(noisy)
-            if self.progress:
+            if not training_args["disable_tqdm"]:
                 trainer.add_callback(_Bar())
             trainer.train()
         graph.model.eval()

@@ -118,3 +118,57 @@ def test_run_and_search_bad_input_and_missing_features(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("search", "worker"), "--storage")
     usage = run_cli("run", str(good))  # missing MODEL and -o: a usage error from the CLI library
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+SEARCH_TOML = """\
+[search]
+study_name = "tiny"
+n_trials = 2
+sampler = "random"
+objectives = ["accuracy", "weight_bits"]
+run_dir = "{run}"
+[model]
+name = "tiny-bert"
+[task]
+train_size = 8
+eval_size = 16
+max_length = 16
+eval_batch_size = 8
+[space]
+kind = "precision"
+formats = {{ integer = {{ width = [4, 8], frac_width = [2, 3] }} }}
+"""
+
+
+def _optuna_lines_start_clean(stderr: str) -> int:
+    """How many Optuna INFO records stderr holds; asserts each starts its own line (after the bar was erased
+    with '\\r'), never glued after a progress-bar fragment on the bar's line."""
+    records = 0
+    for line in stderr.split("\n"):
+        for part in line.split("\r"):
+            if "[I " in part and "Trial " in part:
+                assert part.startswith("[I "), f"an Optuna record inside the progress bar's line: {part!r}"
+                records += 1
+    return records
+
+
+def test_search_config_runs_then_a_rerun_resumes_and_adds_trials(tmp_path: Path) -> None:
+    """`fxforge search CONFIG.toml` on a valid config (the zoo's tiny BERT, quantized per trial), then the same
+    command with --n-trials 3: the study is continued (trials 0-1 kept, trial 2 added); Optuna's per-trial
+    lines are written above the progress bar, not into it; a changed config is refused in one line."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(SEARCH_TOML.format(run=tmp_path / "run"))
+    first = run_cli("search", str(config), "--results", str(tmp_path / "r1.json"))
+    assert first.returncode == 0, first.stderr
+    assert "search tiny:" in first.stderr and _optuna_lines_start_clean(first.stderr) == 2
+    again = run_cli("search", str(config), "--n-trials", "3", "--results", str(tmp_path / "r2.json"))
+    assert again.returncode == 0, again.stderr
+    assert _optuna_lines_start_clean(again.stderr) == 1 and "Trial 2 finished" in again.stderr
+    one, two = (json.loads((tmp_path / f"r{i}.json").read_text())["trials"] for i in (1, 2))
+    assert [t["trial"] for t in one] == [0, 1] and [t["trial"] for t in two] == [0, 1, 2]
+    assert two[:2] == one
+    assert all(t["weight_bits"] < json.loads((tmp_path / "r2.json").read_text())["baseline"]["weight_bits"]
+               for t in two)
+    config.write_text(SEARCH_TOML.format(run=tmp_path / "run").replace("eval_size = 16", "eval_size = 32"))
+    assert_one_line_error(run_cli("search", str(config)), "study 'tiny' exists, created from a different config",
+                          "--study")
