@@ -7,6 +7,11 @@ Parameters that constrain each other are sampled conditionally: ``frac_width`` i
 values the sampled ``width`` admits, under a name that says so (``linear:integer:weight_frac_width|width=4``),
 so a per-layer space over dozens of layers does not reject almost every trial. Anything the format still
 rejects is pruned before evaluation.
+
+Fixed point's ``frac_width`` may be ``"auto"`` (the most fraction bits that still cover the range: per output
+row of a weight, per tensor for a calibrated activation); a trial that quantizes an activation that way gets
+a calibration step. Bound to a graph, the space warns (:class:`QuantizationWarning`) when even its finest
+fixed-point choice rounds most of a layer's weights to zero: no trial of such a space can keep that layer.
 """
 
 from __future__ import annotations
@@ -15,8 +20,12 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..passes.quantize.config import QUANTIZABLE_OPS, QuantizeConfig
-from ..passes.quantize.formats import ROLES, QuantizeConfigError, check_role_params, get_format
+import torch
+
+from ..passes.quantize.config import QUANTIZABLE_OPS, QuantizeConfig, RoleSpec
+from ..passes.quantize.formats import AUTO, ROLES, QuantizeConfigError, check_role_params, get_format
+from ..passes.quantize.quantizer import Quantize
+from ..passes.quantize.zeroed import ZEROED_THRESHOLD, warn_zeroed, zero_fraction
 from ..passes.select import select_nodes
 from .errors import SearchError
 from .space import SPACES, SearchSpace, TrialPlan, check_choices, unknown_keys
@@ -26,11 +35,15 @@ if TYPE_CHECKING:
 
     from ..graph.forge_graph import ForgeGraph
 
-__all__ = ["MixedPrecisionSpace", "TUTORIAL_FIXED_POINT"]
+__all__ = ["AUTO_FIXED_POINT", "MixedPrecisionSpace", "TUTORIAL_FIXED_POINT"]
 
 MAX_COMBINATIONS = 20_000  # above this many choice combinations per format, sample freely and prune
-# MASE tutorials 6/10: fixed-point widths and fraction widths, drawn per layer (the mixed-precision example's)
+# MASE tutorials 6/10: fixed-point widths and fraction widths, drawn independently per layer. On a pretrained
+# transformer these fraction widths are too coarse (MiniLM's pooler and classifier weights all round to 0 at
+# frac_width 5, the finest): the mixed-precision example searches AUTO_FIXED_POINT instead.
 TUTORIAL_FIXED_POINT: dict[str, list[int]] = {"width": [2, 3, 4, 6, 8], "frac_width": [1, 2, 3, 4, 5]}
+# Fixed-point widths with every fraction width chosen from the range (frac_width "auto").
+AUTO_FIXED_POINT: dict[str, list[Any]] = {"width": [4, 6, 8], "frac_width": [AUTO]}
 
 
 class MixedPrecisionSpace(SearchSpace):
@@ -38,11 +51,12 @@ class MixedPrecisionSpace(SearchSpace):
 
     Args:
         formats: format name → parameters (list = searched, scalar = fixed), e.g.
-            ``{"integer": {"width": [4, 8, 16], "frac_width": [2, 4, 8]}}``.
+            ``{"integer": {"width": [4, 8, 16], "frac_width": [2, 4, 8]}}`` or ``"frac_width": "auto"``.
         roles: which operands are quantized with the sampled parameters (each role samples its own).
         per: ``"layer"`` (one choice per layer of the target op types) or ``"type"`` (one per op type).
         targets: canonical op types to quantize (default ``["linear"]``).
-        calibrate: add a calibration step (needed by static scaled formats).
+        calibrate: add a calibration step (needed by static scaled formats; added anyway to a trial whose
+            activations take ``frac_width: "auto"``).
         lower_int8: add int8 lowering (real int8 kernels; only meaningful for 8-bit integer formats).
         qat: quantization-aware training: quantize before the trial's fine-tune (after pruning), which then
             trains through the quantizers (straight-through gradients) instead of quantizing the trained
@@ -83,6 +97,8 @@ class MixedPrecisionSpace(SearchSpace):
         self.qat = bool(qat)
 
     def bind(self, graph: ForgeGraph | None) -> MixedPrecisionSpace:
+        if graph is not None:
+            self.warn_zeroed_weights(graph)
         if self.per == "type" or graph is None:
             return self
         layers = tuple(dict.fromkeys(name for _, name, _, _ in select_nodes(graph.model, {"type": list(self.targets)})))
@@ -118,11 +134,50 @@ class MixedPrecisionSpace(SearchSpace):
         except QuantizeConfigError as exc:
             raise optuna.TrialPruned(f"invalid format combination: {exc}") from None
         steps: list[tuple[str, Mapping[str, Any]]] = [("quantize_transform_pass", config)]
-        if self.calibrate:
+        if self.calibrate or _auto_activation(config):
             steps.append(("calibrate_analysis_pass", {}))
         if self.lower_int8:
             steps.append(("lower_int8_transform_pass", {}))
         return TrialPlan(tuple(steps), train=self.qat, qat=self.qat)
+
+    def finest_weight_specs(self) -> list[RoleSpec]:
+        """Per fixed-point width of the space, its finest weight choices: the largest fraction width the width
+        admits (fewer fraction bits only round more weights to zero) and ``"auto"`` if offered."""
+        choices = self.formats.get("integer")
+        if choices is None or "weight" not in self.roles:
+            return []
+        specs = []
+        for width in choices.get("width", ()):
+            fracs = [f for f in choices.get("frac_width", ()) if f == AUTO or f <= width]
+            ints = [f for f in fracs if f != AUTO]
+            for frac in ([max(ints)] if ints else []) + ([AUTO] if AUTO in fracs else []):
+                specs.append(RoleSpec("integer", (("frac_width", frac), ("width", width))))
+        # the likeliest to keep a layer first ("auto", then the finest step), so most layers take one check
+        return sorted(specs, key=lambda s: (s.p["frac_width"] != AUTO, -s.p["frac_width"] if s.p["frac_width"] != AUTO
+                                            else 0, -s.p["width"]))
+
+    def warn_zeroed_weights(self, graph: ForgeGraph) -> list[tuple[str, float]]:
+        """The target layers (name, least fraction of weights zeroed) whose weights mostly round to zero under
+        every fixed-point choice of the space, warned about with a QuantizationWarning (before any trial runs)."""
+        specs = self.finest_weight_specs()
+        if not specs:
+            return []
+        zeroed = []
+        for _, name, module, _ in select_nodes(graph.model, {"type": list(self.targets)}, modules_only=True):
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.Tensor) or weight.dim() < 2:
+                continue
+            best = 1.0
+            with torch.no_grad():
+                for spec in specs:
+                    quantized = Quantize(spec, "weight", is_param=True, channel_axis=0)(weight)  # per output row
+                    best = min(best, zero_fraction(weight, quantized))
+                    if best <= ZEROED_THRESHOLD:
+                        break
+            if best > ZEROED_THRESHOLD:
+                zeroed.append((name, best))
+        warn_zeroed(f"precision space {dict(self.formats['integer'])} (even its finest choice)", zeroed, stacklevel=4)
+        return zeroed
 
     def _sample_role(self, trial: optuna.Trial, prefix: str, fmt: str) -> dict[str, Any]:
         """One role's parameters in order, each from the choices the earlier ones leave valid; a restricted
@@ -149,6 +204,12 @@ class MixedPrecisionSpace(SearchSpace):
         if self.qat:  # only when set, so studies stored before the option existed resume with an equal spec
             spec["qat"] = True
         return spec
+
+
+def _auto_activation(config: Mapping[str, Any]) -> bool:
+    """Does a quantize config take an activation's fraction width from calibration (``frac_width: "auto"``)?"""
+    return any(entry["config"].get(f"{role}_frac_width") == AUTO for key, entry in config.items()
+               if isinstance(entry, Mapping) and "config" in entry for role in ("data_in", "data_out"))
 
 
 def _allowed_after(fmt: str, choices: Mapping[str, tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]] | None:

@@ -96,7 +96,8 @@ def trial_pipeline(steps: Sequence[tuple[str, Mapping[str, Any]]], name: str) ->
 def calibrated(steps: Sequence[tuple[str, Mapping[str, Any]]], task: Task | None,
                graph: ForgeGraph) -> list[tuple[str, Mapping[str, Any]]]:
     """Plan steps with the task's calibration batches (and a cross-entropy loss) added by reference where a
-    pass scores with data (pruning method ``taylor``); the plan itself stays plain JSON."""
+    pass scores with data (pruning method ``taylor``) or observes ranges (quantizer calibration, which keeps
+    the graph's example inputs when the task has no calibration data); the plan itself stays plain JSON."""
     out: list[tuple[str, Mapping[str, Any]]] = []
     calib: tuple[list[dict[str, Any]], Any] | None = None
     for name, args in steps:
@@ -108,8 +109,17 @@ def calibrated(steps: Sequence[tuple[str, Mapping[str, Any]]], task: Task | None
             if calib is None:
                 calib = task.calibration(graph.model)
             args = {**args, "data": calib[0], "num_batches": len(calib[0]), "loss_fn": calib[1]}
+        elif name in _CALIBRATE_PASSES and "data" not in args and task is not None:
+            try:
+                calib = calib or task.calibration(graph.model)
+                args = {**args, "data": calib[0]}
+            except SearchError:  # the task has no calibration data: the graph's example inputs calibrate
+                pass
         out.append((name, args))
     return out
+
+
+_CALIBRATE_PASSES = ("calibrate_transform_pass", "calibrate_analysis_pass")
 
 
 def plan_pipelines(plan: TrialPlan, task: Task | None, graph: ForgeGraph,

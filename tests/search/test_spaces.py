@@ -79,10 +79,12 @@ def test_precision_space_validates_and_prunes_bad_widths() -> None:
 def test_per_layer_fixed_point_space_samples_only_valid_widths(bert_graph) -> None:
     """MASE's tutorial space (widths and fraction widths drawn independently) is almost never valid over
     every layer at once: 0.76 per layer and role. Fraction widths are drawn from what the width admits."""
+    from fxforge.passes.quantize import QuantizationWarning
     from fxforge.search.precision import TUTORIAL_FIXED_POINT  # the tutorial 6/10 example's choices
 
     space = MixedPrecisionSpace({"integer": TUTORIAL_FIXED_POINT}, roles=("data_in", "weight"), per="layer")
-    space = space.bind(bert_graph)
+    with pytest.warns(QuantizationWarning, match="14 layer"):  # tiny BERT's weights (std 0.02) are below 1/64
+        space = space.bind(bert_graph)
     assert len(space.keys()) >= 8
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen: dict[int, set[int]] = {}
@@ -159,3 +161,47 @@ def test_qat_moves_quantization_before_the_fine_tune_and_refuses_lora() -> None:
     assert "qat" not in ptq.to_spec()["spaces"][1]  # studies stored before the option keep their spec
     with pytest.raises(SearchError, match="precision qat=True with a LoRA space.*cannot be combined with LoRA"):
         JointSpace(precision, LoRARankSpace([4]))
+
+
+def test_precision_space_warns_when_its_finest_fixed_point_zeroes_minilm_weights(minilm_classifier) -> None:
+    """The README's former space (fraction widths 2 and 3) rounds most of MiniLM's weights to 0 at every width:
+    bound to the graph, it says so before any trial; with fraction widths chosen from the range it does not."""
+    import copy
+    import warnings
+
+    from fxforge import ForgeGraph
+    from fxforge.passes.quantize import QuantizationWarning
+    from fxforge.search.precision import AUTO_FIXED_POINT
+
+    graph = ForgeGraph(copy.deepcopy(minilm_classifier), hf_input_names=["input_ids", "attention_mask"]).eval()
+    old = MixedPrecisionSpace({"integer": {"width": [4, 6, 8], "frac_width": [2, 3]}}, roles=("data_in", "weight"))
+    with pytest.warns(QuantizationWarning, match=r"even its finest choice.*mostly round to zero.*'auto'") as seen:
+        old.bind(graph)
+    count = int(str(seen[0].message).split("the weights of ")[1].split(" layer")[0])
+    assert count >= 30  # measured: 37 of MiniLM's 38 linear layers (value projections: 83% zero at frac 3)
+    auto = MixedPrecisionSpace({"integer": AUTO_FIXED_POINT}, roles=("data_in", "weight"), per="layer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", QuantizationWarning)
+        bound = auto.bind(graph)
+    assert len(bound.keys()) == 38
+
+
+def test_auto_activation_fraction_widths_get_a_calibration_step_with_the_task_data(bert_graph) -> None:
+    import torch
+    from conftest import bert_inputs
+
+    from fxforge.search import TensorTask
+    from fxforge.search.runner import calibrated
+
+    space = MixedPrecisionSpace({"integer": {"width": [8], "frac_width": ["auto", 4]}}, roles=("data_in", "weight"))
+    auto = space.suggest(_trial({"linear:integer:data_in_frac_width": "auto",
+                                 "linear:integer:weight_frac_width": 4}))
+    assert [s[0] for s in auto.steps] == ["quantize_transform_pass", "calibrate_analysis_pass"]
+    fixed = space.suggest(_trial({"linear:integer:data_in_frac_width": 4, "linear:integer:weight_frac_width": "auto"}))
+    assert [s[0] for s in fixed.steps] == ["quantize_transform_pass"]  # weights take their range from themselves
+    assert space_from_spec(space.to_spec()).to_spec() == space.to_spec()
+    x, y = bert_inputs(batch=4, labels=False), torch.zeros(4, dtype=torch.long)
+    steps = calibrated(auto.steps, TensorTask(x, y, calibration=(x, y), batch_size=2), bert_graph)
+    assert [b["input_ids"].shape[0] for b in steps[1][1]["data"]] == [2, 2]  # the task's calibration batches
+    assert all(torch.equal(b["labels"], y[:2]) for b in steps[1][1]["data"])
+    assert calibrated(auto.steps, TensorTask(x, y), bert_graph)[1][1] == {}  # none: the graph's example inputs
