@@ -81,6 +81,17 @@ class _Recorder(fx.Interpreter):
         return result
 
 
+def _bind(sig: inspect.Signature, example: ExampleInputs) -> inspect.BoundArguments:
+    """Bind inputs to the graph's inputs; a mismatch names what the graph takes and how to capture fewer."""
+    try:
+        return sig.bind(*example.args, **example.kwargs)
+    except TypeError as exc:
+        given = [f"{len(example.args)} positional"] * bool(example.args) + list(example.kwargs)
+        raise ValueError(f"the inputs do not fit the graph ({exc}): it takes {list(sig.parameters)}, given {given}; "
+                         "give every input, or capture a HuggingFace model with hf_input_names=[...] naming only the "
+                         "inputs you pass") from None
+
+
 def flat_inputs(gm: fx.GraphModule, example: ExampleInputs) -> list[Any]:
     """The placeholder values for calling ``gm(*args, **kwargs)``, in placeholder order."""
     codegen = gm.graph._codegen
@@ -89,7 +100,7 @@ def flat_inputs(gm: fx.GraphModule, example: ExampleInputs) -> list[Any]:
         sig = inspect.Signature([
             inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in info.orig_args
         ])
-        bound = sig.bind(*example.args, **example.kwargs)
+        bound = _bind(sig, example)
         values = [bound.arguments[n] for n in info.orig_args]
         spec = info.in_spec
         if (spec.type is tuple and spec.num_children == 2 and spec.child(0).type is tuple
@@ -102,7 +113,7 @@ def flat_inputs(gm: fx.GraphModule, example: ExampleInputs) -> list[Any]:
     params = [inspect.Parameter(str(p.target).lstrip("*"), inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                 default=p.args[0] if p.args else inspect.Parameter.empty)
               for p in placeholders]
-    bound = inspect.Signature(params).bind(*example.args, **example.kwargs)
+    bound = _bind(inspect.Signature(params), example)
     bound.apply_defaults()
     return list(bound.arguments.values())
 

@@ -7,7 +7,7 @@ metadata for the nodes a transform creates).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from ...graph.forge_graph import ForgeGraph
 from ...graph.inputs import ExampleInputs
@@ -42,11 +42,16 @@ def init_metadata_analysis_pass(graph: ForgeGraph, args: NoArgs) -> tuple[ForgeG
 @dataclass(frozen=True)
 class CommonMetadataArgs:
     """dummy_in: inputs to propagate (a tensor, tuple of args, dict of kwargs); default: the
-    graph's example inputs (HF models get them built from hf_input_names at capture)."""
+    graph's example inputs (HF models get them built from hf_input_names at capture).
+    add_value: MASE's switch for storing tensor values; only False (what fxforge always does) is accepted."""
 
     dummy_in: Any = None
-    MASE_REFUSED: ClassVar[dict[str, str]] = {
-        "add_value": "fxforge metadata records shapes, dtypes and precisions, never tensor values; drop the key"}
+    add_value: bool = False
+
+    def __post_init__(self) -> None:
+        if self.add_value is not False:
+            raise ValueError("'add_value': fxforge metadata records shapes, dtypes and precisions, never tensor "
+                             "values; drop the key or pass False")
 
 
 @dataclass(frozen=True)
