@@ -95,39 +95,42 @@ def _batch_sequence(gm: fx.GraphModule, rw: GraphRewrite) -> tuple[int, int]:
 
 
 def _batch_siblings(gm: fx.GraphModule, rw: GraphRewrite) -> tuple[int, int]:
-    groups: dict[fx.Node, list[fx.Node]] = defaultdict(list)
+    groups: dict[fx.Node, list[tuple[fx.Node, fx.Node]]] = defaultdict(list)  # input -> [(matmul, weight)]
+    wshapes: dict[fx.Node, tuple[int, ...]] = {}
     for node in gm.graph.nodes:
-        if _is_matmul(node) and isinstance(node.args[0], fx.Node) and isinstance(node.args[1], fx.Node):
-            wshape = result_shape(node.args[1])
+        if not _is_matmul(node):
+            continue
+        inp, weight = node.args
+        if isinstance(inp, fx.Node) and isinstance(weight, fx.Node):
+            wshape = result_shape(weight)
             if wshape is not None and len(wshape) == 2 and min(wshape) > 0:
-                groups[node.args[0]].append(node)
+                groups[inp].append((node, weight))
+                wshapes[weight] = wshape
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     batched = count = 0
     for inp, members in groups.items():
-        weights: list[fx.Node] = []
-        for m in members:
-            if m.args[1] not in weights:
-                weights.append(m.args[1])
+        weights = list(dict.fromkeys(w for _, w in members))  # distinct, in first-use order
         if len(weights) < 2:
             continue
-        shapes = [result_shape(w) for w in weights]
+        shapes = [wshapes[w] for w in weights]
         dtypes = {result_dtype(w) for w in weights}
         if len({s[0] for s in shapes}) != 1 or len(dtypes) != 1:
             continue
         anchor = _last([inp, *weights])
-        late = [m for m in members if order[m] > order[anchor]]
-        if len({m.args[1] for m in late}) < len(weights):
+        late_weights = [w for m, w in members if order[m] > order[anchor]]
+        if len(set(late_weights)) < len(weights):
             continue  # a member runs before one of the weights exists (hoist first)
         cat = rw.call_function(aten.cat.default, (weights, 1), after=anchor)
         proj = rw.call_function(aten.matmul.default, (inp, cat), after=cat)
         infer_val(cat)
         infer_val(proj)
-        offsets, start = {}, 0
+        offsets: dict[fx.Node, tuple[int, int]] = {}
+        start = 0
         for w, s in zip(weights, shapes):
             offsets[w] = (start, start + s[1])
             start += s[1]
-        for m in members:
-            lo, hi = offsets[m.args[1]]
+        for m, w in members:
+            lo, hi = offsets[w]
             rw.replace(m, "call_function", aten.slice.Tensor, (proj, -1, lo, hi))
             infer_val(m)
         batched += len(members)
@@ -143,9 +146,12 @@ def _step_bias(item: fx.Node, constant: set[fx.Node]) -> tuple[fx.Node, fx.Node]
     if not (_is_add(inner) and len(inner.users) == 1):
         return None
     outer = next(iter(inner.users))
-    if not (_is_add(outer) and outer.args[0] is inner and outer.args[1] in constant):
+    if not (_is_add(outer) and outer.args[0] is inner):
         return None
-    return outer, outer.args[1]
+    bias = outer.args[1]
+    if not (isinstance(bias, fx.Node) and bias in constant):
+        return None
+    return outer, bias
 
 
 def _is_add(node: fx.Node) -> bool:

@@ -11,6 +11,7 @@ measures both.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 import torch.fx as fx
@@ -33,7 +34,8 @@ class FuseElementwiseInfo(PassInfo):
     nodes_after: int
 
 
-def _binary(node: object, target: object) -> bool:
+def _binary(node: object, target: object) -> TypeGuard[fx.Node]:
+    """Whether ``node`` is a node calling ``target`` on two positional arguments (and no keywords)."""
     return (isinstance(node, fx.Node) and node.op == "call_function" and node.target == target
             and len(node.args) == 2 and not node.kwargs)
 
