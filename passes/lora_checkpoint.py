@@ -146,7 +146,8 @@ def _check_config(config: Any, where: Path) -> tuple[list[dict[str, Any]], list[
 
 def load_lora_adapters(graph: ForgeGraph, path: str | Path,
                        check_base: bool = True) -> tuple[ForgeGraph, dict[str, Any]]:
-    """Insert the saved adapters into ``graph`` (a freshly captured base) and load their weights.
+    """Insert the saved adapters into a copy of ``graph`` (a freshly captured base), load their weights and
+    return that copy (as a transform pass does: ``graph`` itself is not changed).
 
     Strict: every saved layer must exist as an nn.Linear call_module of the same shape, every saved
     tensor must find its parameter (same shape and dtype) and vice versa. With ``check_base`` the base
@@ -203,10 +204,10 @@ def load_lora_adapters(graph: ForgeGraph, path: str | Path,
     for e in layers:
         groups.setdefault((e["rank"], float(e["alpha"]), float(e["dropout"]), e["init"]), []).append(e["name"])
     for i, ((rank, alpha, dropout, init), names) in enumerate(groups.items()):
-        insert_lora_adapter_transform_pass(graph, {
+        graph, _ = insert_lora_adapter_transform_pass(graph, {  # a new graph: the caller's is left as it was
             "rank": rank, "alpha": alpha, "dropout": dropout, "init": init, "freeze_rest": i == 0,
             "targets": {"regex": [re.escape(n) for n in names]}})
-    params = dict(gm.named_parameters())
+    params = dict(graph.model.named_parameters())
     with torch.no_grad():
         for key, value in weights.items():
             p = params.get(key)

@@ -8,10 +8,21 @@ matches as a dotted suffix, so ``"query"`` selects every ``...attention.self.que
 Spec forms: ``{"type": [...], "name": [...], "regex": [...], "predicate": fn}`` (a node matching any
 entry is selected), an nn.Module class, a callable predicate, or a list mixing those. A node's name is
 its module path for call_module nodes and its fx node name otherwise.
+
+**One meaning of "empty", in every pass.** A selector matches a node when any of its entries does, so
+an empty selector matches nothing. An omitted ``targets`` (None) means the pass's default set, which
+each pass documents (LoRA: every nn.Linear; fuse_kernels: every pattern match; prune: every Linear /
+Conv...); an explicitly empty ``targets`` (``{}``, ``[]``, ``{"name": []}``) would select nothing and
+is refused when the pass's args are built. An omitted or empty ``exclude`` excludes nothing.
+
+Passes parse their selector fields once, when their args dataclass is built
+(:func:`parse_selector_fields` in ``__post_init__``): the args then hold :class:`Selector` objects and
+nothing re-parses a spec per node.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,14 +50,23 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Selector:
-    """A parsed, immutable selector (see module docstring)."""
+    """A parsed, immutable selector (see module docstring); ``regexes`` keep their source text (the
+    graph's history records it), compiled once here."""
 
     types: tuple[str | type[nn.Module], ...] = ()
     names: tuple[str, ...] = ()
-    regexes: tuple[re.Pattern[str], ...] = ()
+    regexes: tuple[str, ...] = ()
     predicates: tuple[Predicate, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_compiled", tuple(re.compile(r) for r in self.regexes))
+
+    def __repr__(self) -> str:
+        parts = {"type": [t if isinstance(t, str) else t.__name__ for t in self.types], "name": list(self.names),
+                 "regex": list(self.regexes), "predicate": [getattr(p, "__name__", "fn") for p in self.predicates]}
+        return f"Selector({ {k: v for k, v in parts.items() if v} })"
 
     @classmethod
     def parse(cls, spec: Any) -> Selector:
@@ -75,7 +95,7 @@ class Selector:
             regexes = []
             for pattern in _as_tuple(spec.get("regex")):
                 try:
-                    regexes.append(re.compile(pattern))
+                    regexes.append(re.compile(pattern).pattern)
                 except (re.error, TypeError) as exc:
                     raise SelectorError(f"selector regex {pattern!r} is invalid: {exc}") from exc
             preds = _as_tuple(spec.get("predicate"))
@@ -117,9 +137,39 @@ class Selector:
         for n in self.names:
             if name == n or name.endswith("." + n):
                 return True
-        if any(r.fullmatch(name) for r in self.regexes):
+        if any(r.fullmatch(name) for r in self._compiled):  # type: ignore[attr-defined]  # set in __post_init__
             return True
         return any(p(name, module, op) for p in self.predicates)
+
+
+def _every(name: str, module: nn.Module | None, op: str) -> bool:
+    return True
+
+
+EVERY: Selector = Selector(predicates=(_every,))  # a pass's default "no narrowing" (e.g. fuse_kernels' anchors)
+
+
+def parse_selector_fields(args: Any, select: tuple[str, ...] = ("targets",),
+                          exclude: tuple[str, ...] = ("exclude",)) -> None:
+    """Parse a frozen args dataclass's selector fields once (call it from ``__post_init__``).
+
+    ``select`` fields: None stays None (the pass's default set); any other spec becomes a Selector, and
+    an empty one is refused (it would select nothing). ``exclude`` fields always become a Selector
+    (None: excludes nothing). A bad spec is a ValueError naming the field (PassArgsError via build_args).
+    """
+    for key in (*select, *exclude):
+        spec = getattr(args, key)
+        if spec is None and key in select:
+            continue
+        try:
+            parsed = Selector.parse(spec)
+        except SelectorError as exc:
+            raise SelectorError(f"'{key}': {exc}") from None
+        if key in select and parsed.empty:
+            raise SelectorError(f"'{key}' = {spec!r} is empty: an empty selector selects nothing, in every pass; "
+                                f"omit '{key}' for the pass's default, or name what to select, e.g. "
+                                "{'type': 'linear'} or {'name': ['query', 'value']}")
+        object.__setattr__(args, key, parsed)
 
 
 def node_identity(node: fx.Node, root: nn.Module) -> tuple[str, nn.Module | None, str]:
@@ -148,7 +198,13 @@ def matches_by(by: str, key: str, name: str, module: nn.Module | None, op: str) 
     """MASE's ``by: type | name | regex`` config lookup, expressed in the same selector language."""
     if by not in ("type", "name", "regex"):
         raise SelectorError(f"'by' must be one of ['type', 'name', 'regex'], got {by!r}")
-    return Selector.parse({by: [key]}).matches(name, module, op)
+    return _by_selector(by, key).matches(name, module, op)
+
+
+@functools.lru_cache(maxsize=1024)
+def _by_selector(by: str, key: str) -> Selector:
+    """A config key's Selector, parsed once per (by, key), not once per node."""
+    return Selector.parse({by: [key]})
 
 
 def select_modules(root: nn.Module, targets: Any, exclude: Any = None) -> Iterator[tuple[str, nn.Module]]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..select import Selector
+from ..select import parse_selector_fields
 
 __all__ = ["PruneSection", "PruneArgs", "METHODS", "SCOPES", "GRANULARITIES"]
 
@@ -90,11 +90,7 @@ class PruneArgs:
             raise ValueError(f"'num_batches' must be >= 1, got {self.num_batches}")
         if self.loss_fn is not None and not callable(self.loss_fn):
             raise ValueError("'loss_fn' must be callable(output, batch) -> scalar loss")
-        for key in ("targets", "exclude"):
-            try:
-                Selector.parse(getattr(self, key))
-            except ValueError as exc:
-                raise ValueError(f"'{key}': {exc}") from None
+        parse_selector_fields(self)
 
     @property
     def weight_section(self) -> PruneSection | None:

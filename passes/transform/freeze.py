@@ -21,7 +21,7 @@ from ...graph.forge_graph import ForgeGraph
 from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo
 from ..rewrite import NoMatchError, param_users, refresh_nodes
-from ..select import Selector, select_modules
+from ..select import Selector, parse_selector_fields, select_modules
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,7 @@ class FreezeArgs:
         if self.targets is None:
             raise ValueError("'targets' is required: a selector such as {'name': 'embeddings'} or "
                              "{'type': 'embedding'}")
-        Selector.parse(self.targets)
-        Selector.parse(self.exclude)
+        parse_selector_fields(self)
 
 
 def _set_and_refresh(graph: ForgeGraph, args: FreezeArgs, requires_grad: bool) -> FreezeInfo:

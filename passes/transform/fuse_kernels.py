@@ -3,8 +3,9 @@
 ``fuse_kernels_transform_pass(mg, {"patterns": [...], "targets": selector, "exclude": selector})``
 replaces, in either frontend's graph, the patterns of passes/transform/fusion_patterns.py by the
 kernels of ``fxforge.kernels``: on CUDA they run Triton, on CPU their torch references (same graph).
-``targets`` / ``exclude`` use the shared selector on each pattern's anchor node: the softmax (or the
-division ending the naive chain), the LayerNorm, the linear in front of the activation.
+``targets`` / ``exclude`` use the shared selector (passes/select.py: one meaning in every pass) on
+each pattern's anchor node: the softmax (or the division ending the naive chain), the LayerNorm, the
+activation after a linear. Omitted ``targets``: every anchor; an empty one is refused.
 Run it last: fused linears become ``F.linear`` calls on the same parameters (``get_attr``), so passes
 that swap ``nn.Linear`` modules (LoRA, quantize) no longer see them.
 
@@ -25,7 +26,7 @@ from ...graph.forge_graph import ForgeGraph
 from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo, register_property
 from ..rewrite import GraphRewrite
-from ..select import Selector, node_identity
+from ..select import EVERY, parse_selector_fields, select_nodes
 from .fusion_patterns import fuse_bias_activation, fuse_layer_norm, fuse_softmax, fuse_softmax_chain
 
 PATTERNS: tuple[str, ...] = ("softmax", "softmax_chain", "add_layer_norm", "layer_norm", "bias_activation")
@@ -45,7 +46,7 @@ register_property("fused-kernels", _fused_nodes, "the graph calls fused torch.op
 @dataclass(frozen=True)
 class FuseKernelsArgs:
     """patterns: which of PATTERNS to fuse ("layer_norm" = a LayerNorm without an add, off by default);
-    targets / exclude: selectors on each pattern's anchor node (None: every match)."""
+    targets / exclude: selectors on each pattern's anchor node (targets None: every match)."""
 
     patterns: tuple[str, ...] = DEFAULT_PATTERNS
     targets: Any = None
@@ -55,8 +56,7 @@ class FuseKernelsArgs:
         unknown = sorted(set(self.patterns) - set(PATTERNS))
         if unknown:
             raise ValueError(f"unknown pattern(s) {unknown}; allowed: {list(PATTERNS)}")
-        Selector.parse(self.targets)
-        Selector.parse(self.exclude)
+        parse_selector_fields(self)
 
 
 @dataclass(frozen=True)
@@ -89,19 +89,13 @@ def _matchers(patterns: tuple[str, ...]) -> list[Callable[[GraphRewrite, fx.Node
 def fuse_kernels_transform_pass(graph: ForgeGraph, args: FuseKernelsArgs) -> tuple[ForgeGraph, FuseKernelsInfo]:
     """Replace softmax / add+LayerNorm / bias+activation patterns by fused fxforge kernels."""
     gm = graph.model
-    include = Selector.parse(args.targets)
-    skip = Selector.parse(args.exclude)
     before = len(gm.graph.nodes)
     fused: dict[str, int] = {}
     names: list[str] = []
     for matcher in _matchers(args.patterns):
-        for node in list(gm.graph.nodes):
-            if node.graph is not gm.graph or node.op not in ("call_module", "call_function", "call_method") \
-                    or node not in gm.graph.nodes:
+        for node, name, _, _ in list(select_nodes(gm, EVERY if args.targets is None else args.targets, args.exclude)):
+            if node.graph is not gm.graph or node not in gm.graph.nodes:
                 continue  # erased by an earlier fusion
-            name, module, op = node_identity(node, gm)
-            if (not include.empty and not include.matches(name, module, op)) or skip.matches(name, module, op):
-                continue
             rw = GraphRewrite(gm)  # one rewrite per match, so later matches see derived metadata;
             kind = matcher(rw, node)  # matchers edit only once their whole pattern holds
             if kind is not None:

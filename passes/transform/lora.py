@@ -22,8 +22,9 @@ Defaults (documented choices):
 * ``freeze_rest=True``: every parameter that is neither an adapter nor in ``trainable`` is frozen
   (embeddings, LayerNorms, biases...), as in PEFT. Adapted layers' own weight and bias are always frozen.
 
-The graph shares its leaf layers with the captured model, so (as with PEFT) freezing also clears
-``requires_grad`` on that model's parameters; fusion builds new Linear layers and never writes to them.
+Like every transform, insertion and fusion return a new graph and leave their input as it was (the
+freezing happens on the copy). Fusing into a quantized base is refused unless ``requantize=True``
+(see :func:`fuse_lora_weights_transform_pass`).
 """
 
 from __future__ import annotations
@@ -43,13 +44,15 @@ from ...graph.forge_graph import ForgeGraph
 from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
 from ..base import PassArgsError, forge_pass
 from ..contract import NumericalContract, PassInfo, register_property
+from ..quantize.modules import _QuantizedLayer
 from ..quantize.records import QuantizationRecord
 from ..rewrite import NoMatchError, inject_modules, param_users, refresh_nodes, swap_module
-from ..select import Selector, iter_layers, select_modules, select_nodes
+from ..select import Selector, iter_layers, parse_selector_fields, select_modules, select_nodes
+from .lora_dropout import DropoutDown
 
 LoraInit = Literal["kaiming", "gaussian"]
 LORA_INITS: tuple[str, ...] = ("kaiming", "gaussian")
-DEFAULT_TARGETS: dict[str, Any] = {"type": "linear"}
+DEFAULT_TARGETS: Selector = Selector.parse({"type": "linear"})
 
 
 class LoraError(ValueError):
@@ -66,45 +69,6 @@ def check_lora_hparams(rank: Any, alpha: Any, dropout: Any, init: Any = "kaiming
         raise ValueError(f"'dropout' must be a probability in [0, 1), got {dropout!r}")
     if init not in LORA_INITS:
         raise ValueError(f"'init' must be one of {list(LORA_INITS)}, got {init!r}")
-
-
-def _keep_mask(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    """The 0/1 dropout mask (1 keeps, P = 1 - p) drawn from its own generator: the same seed, the same mask."""
-    gen = torch.Generator(device=x.device)
-    gen.manual_seed(seed)
-    return torch.rand(x.shape, generator=gen, dtype=x.dtype, device=x.device).ge_(p)
-
-
-class _DropoutDown(torch.autograd.Function):
-    """``F.linear(dropout(x), A) * factor``: the adapter's dropout and down-projection, lean in memory.
-
-    ``nn.Dropout`` then ``F.linear`` (PEFT's path) keeps, per adapter, a dropped copy of ``x`` and its
-    mask until backward (q, k and v each keep their own). Here only ``x`` (shared by the adapters that
-    read it) and a seed are kept; backward redraws the mask from the seed. MiniLM at dropout 0.1 keeps
-    ~25 % fewer activation bytes than PEFT, as many as without dropout. Drawing ``rand >= p`` costs
-    half a ``bernoulli_`` on CPU, so two draws cost what PEFT's one does; the ``1 / (1 - p)`` scale is
-    folded into ``factor`` (applied to the rank-wide result).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, p: float, factor: float) -> torch.Tensor:
-        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())  # from the global RNG: reproducible
-        ctx.save_for_backward(x, weight)
-        ctx.seed, ctx.p, ctx.factor = seed, p, factor
-        return F.linear(x * _keep_mask(x, p, seed), weight) * factor
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
-        x, weight = ctx.saved_tensors
-        mask = _keep_mask(x, ctx.p, ctx.seed)
-        grad = grad * ctx.factor
-        grad_x = (grad @ weight).mul_(mask) if ctx.needs_input_grad[0] else None
-        grad_w = None
-        if ctx.needs_input_grad[1]:
-            kept = mask.mul_(x)
-            grad_w = grad.reshape(-1, grad.shape[-1]).t() @ kept.reshape(-1, kept.shape[-1])
-        return grad_x, grad_w, None, None
 
 
 class LoraLinear(nn.Module):
@@ -168,7 +132,7 @@ class LoraLinear(nn.Module):
             return self.base(x) + F.linear(self.lora_dropout(xin), self.delta_weight() * mask)
         # Scale the rank-wide activation (rank << out_features) rather than the output: fewer flops.
         if self.training and self.dropout_p > 0 and torch.is_grad_enabled():
-            low = _DropoutDown.apply(x, self.lora_A, self.dropout_p, self.scaling / (1.0 - self.dropout_p))
+            low = DropoutDown.apply(x, self.lora_A, self.dropout_p, self.scaling / (1.0 - self.dropout_p))
         else:
             low = F.linear(self.lora_dropout(x), self.lora_A) * self.scaling
         return self.base(x) + F.linear(low, self.lora_B)
@@ -230,9 +194,13 @@ class LoraInfo(PassInfo):
 
 @dataclass(frozen=True)
 class FuseLoraInfo(PassInfo):
-    """fused: the layer paths whose adapters were merged into a plain nn.Linear."""
+    """fused: the layer paths whose adapters were merged; requantized (only with ``requantize=True``):
+    quantized layers whose merged weight was re-rounded -> max |change of the weight the layer applies|
+    against base + adapter; max_weight_error: the largest of those (0.0 when none)."""
 
     fused: list[str] = field(default_factory=list)
+    requantized: dict[str, float] = field(default_factory=dict)
+    max_weight_error: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -252,11 +220,7 @@ class LoraArgs:
 
     def __post_init__(self) -> None:
         check_lora_hparams(self.rank, self.alpha, self.dropout, self.init)
-        for key in ("targets", "exclude", "trainable"):
-            try:
-                Selector.parse(getattr(self, key))
-            except ValueError as exc:
-                raise ValueError(f"'{key}': {exc}") from None
+        parse_selector_fields(self, select=("targets", "trainable"))
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -274,7 +238,7 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
     """
     gm = graph.model
     targets = DEFAULT_TARGETS if args.targets is None else args.targets
-    include, skip = Selector.parse(targets), Selector.parse(args.exclude)
+    include, skip = targets, args.exclude
     again = [path for _, path, m in lora_layers(gm)
              if include.matches(path, m.base, "linear") and not skip.matches(path, m.base, "linear")]
     if again:
@@ -293,12 +257,16 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
         lora = LoraLinear(module, args.rank, args.alpha, args.dropout, args.init)
         return lora.train(module.training)  # a new module is in train mode: follow the layer it replaces
 
-    narrow = [f"{name} ({min(m.in_features, m.out_features)})" for _, name, m, _ in
+    narrow = {name: min(m.in_features, m.out_features) for _, name, m, _ in
               select_nodes(gm, targets, exclude, modules_only=True)
-              if isinstance(m, nn.Linear) and args.rank > min(m.in_features, m.out_features)]
-    if narrow:  # checked on every selected layer before the graph is touched
+              if isinstance(m, nn.Linear) and args.rank > min(m.in_features, m.out_features)}
+    if narrow:  # checked on every selected layer before the graph is touched (e.g. a 2-label classifier)
+        shown = [f"{n} ({d})" for n, d in narrow.items()][:4]
+        names = {"name": list(narrow)}
         raise PassArgsError(f"insert_lora_adapter_transform_pass: pass_args['rank'] = {args.rank} exceeds the smaller "
-                            f"dimension of layer(s) {narrow[:4]}{' ...' if len(narrow) > 4 else ''}")
+                            f"dimension of layer(s) {shown}{' ...' if len(narrow) > 4 else ''}: leave them out "
+                            f"with {{'exclude': {names}}}, or train them fully with {{'trainable': {names}}} (PEFT's "
+                            "modules_to_save, the usual choice for a fresh classifier head), or lower 'rank'")
     try:
         done = inject_modules(gm, targets, exclude, build, what="nn.Linear layer for LoRA")
     except NoMatchError as exc:
@@ -335,17 +303,15 @@ def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tup
 
 @dataclass(frozen=True)
 class FuseLoraArgs:
-    """targets/exclude: which adapted layers to fuse (selectors as for insertion; default all)."""
+    """targets/exclude: which adapted layers to fuse (selectors as for insertion; default all);
+    requantize: also fuse adapters whose base is quantized (inexact: the error is measured, see the pass)."""
 
     targets: Any = None
     exclude: Any = None
+    requantize: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("targets", "exclude"):
-            try:
-                Selector.parse(getattr(self, key))
-            except ValueError as exc:
-                raise ValueError(f"'{key}': {exc}") from None
+        parse_selector_fields(self)
 
 
 def fused_linear(module: LoraLinear) -> nn.Linear:
@@ -368,32 +334,63 @@ def _move_quantizer_paths(node: fx.Node, path: str, old: str, new: str) -> None:
         rec.quantizers = {r: new + q[len(old):] if q.startswith(old) else q for r, q in rec.quantizers.items()}
 
 
+def _is_quantized(layer: nn.Module) -> bool:
+    """A simulated-quantized layer (quantize_transform_pass): merging into it is not exact."""
+    return isinstance(layer, _QuantizedLayer)
+
+
+def _weight_error(lora: LoraLinear, fused: nn.Module) -> float:
+    """max |q(W + BA·s) - (q(W) + BA·s)|: how far the fused layer's applied weight is from the adapted one's."""
+    q = getattr(fused, "weight_quantizer", None)
+    with torch.no_grad():
+        applied = (lora.base.weight if q is None else q(lora.base.weight)) + lora.delta_weight()
+        merged = fused.weight if q is None else q(fused.weight)
+        return float((merged - applied).abs().max()) if merged.numel() else 0.0
+
+
 @forge_pass("transform", FuseLoraArgs, info=FuseLoraInfo, requires=("lora",),
             contract=NumericalContract("exact", atol=1e-5, rtol=1e-5, note="W + scaling * B @ A, float rounding"))
 def fuse_lora_weights_transform_pass(graph: ForgeGraph, args: FuseLoraArgs) -> tuple[ForgeGraph, FuseLoraInfo]:
-    """Merge each selected adapter into its layer and replace the LoraLinear by a plain nn.Linear.
+    """Merge each selected adapter into its layer and replace the LoraLinear by the base layer's class.
 
-    Eval outputs are unchanged up to float rounding; the fused graph costs what the base model costs.
-    The new Linear keeps the base's requires_grad flags (frozen after LoRA training).
+    Float bases: eval outputs are unchanged up to float rounding (the declared exact contract); the fused
+    graph costs what the base model costs and keeps the base's requires_grad flags.
+
+    Quantized bases (quantize -> LoRA -> fuse) are refused unless ``requantize=True``: the merged weight
+    is re-rounded to the base's format and the adapter's path now sees the quantized input, so the
+    result is bounded, not exact (PEFT warns on merges into quantized layers likewise). With the opt-in,
+    ``info.requantized`` reports each such layer's measured weight error; a pipeline step that uses it
+    sets contract thresholds (e.g. ``{"atol": 0.1}``). The exact alternative: fuse before quantizing.
     """
     gm = graph.model
     layers = lora_layers(gm)
-    include = Selector.parse(DEFAULT_TARGETS if args.targets is None else args.targets)
-    skip = Selector.parse(args.exclude)
-    fused: list[str] = []
-    for _, path, module in layers:
-        if path in fused or not include.matches(path, module.base, "linear") \
-                or skip.matches(path, module.base, "linear"):
-            continue
-        swap_module(gm, path, fused_linear(module))
-        fused.append(path)
-    for node, path, _ in layers:
-        if path in fused:
-            _move_quantizer_paths(node, path, f"{path}.base.", f"{path}.")
-        if path in fused and has_meta(node):
-            get_meta(node).software.remove(LoraRecord)
-    if not fused:
+    include = DEFAULT_TARGETS if args.targets is None else args.targets
+    skip = args.exclude
+    chosen = {path: module for _, path, module in layers
+              if include.matches(path, module.base, "linear") and not skip.matches(path, module.base, "linear")}
+    if not chosen:
         raise NoMatchError(f"no LoRA adapter matched targets={args.targets!r} exclude={args.exclude!r}; "
                            f"adapted layers: {[p for _, p, _ in layers][:6]}")
+    quantized = [p for p, m in chosen.items() if _is_quantized(m.base)]
+    if quantized and not args.requantize:
+        raise LoraError(
+            f"layer(s) {quantized[:4]}{' ...' if len(quantized) > 4 else ''} have a quantized base "
+            f"({type(chosen[quantized[0]].base).__name__}): merging W + scaling * B @ A re-rounds the weight to its "
+            "format and quantizes the adapter's input, so the fused graph would not compute what this one does. "
+            "Pass {'requantize': True} to fuse anyway (the measured error is reported in info.requantized), "
+            "or fuse before quantizing (insert -> train -> fuse -> quantize_transform_pass), or keep the "
+            "adapters unfused, or leave those layers out with 'exclude'")
+    requantized: dict[str, float] = {}
+    for path, module in chosen.items():
+        new = fused_linear(module)
+        if path in quantized:
+            requantized[path] = _weight_error(module, new)
+        swap_module(gm, path, new)
+    for node, path, _ in layers:
+        if path in chosen:
+            _move_quantizer_paths(node, path, f"{path}.base.", f"{path}.")
+        if path in chosen and has_meta(node):
+            get_meta(node).software.remove(LoraRecord)
     gm.delete_all_unused_submodules()
-    return graph, FuseLoraInfo(fused=fused)
+    return graph, FuseLoraInfo(fused=list(chosen), requantized=requantized,
+                               max_weight_error=max(requantized.values(), default=0.0))

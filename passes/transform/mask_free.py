@@ -32,7 +32,7 @@ from ...graph.forge_graph import ForgeGraph
 from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo
 from ..rewrite import GraphRewrite
-from ..select import Selector, select_nodes
+from ..select import Selector, parse_selector_fields, select_nodes
 from .fusion_patterns import arg
 
 __all__ = ["MASK_FREE_OPS", "mask_free_relu", "mask_free_softshrink", "mask_free_activations_transform_pass"]
@@ -95,8 +95,7 @@ class MaskFreeArgs:
         unknown = sorted(set(self.ops) - set(MASK_FREE_OPS))
         if unknown:
             raise ValueError(f"unknown op(s) {unknown}; allowed: {list(MASK_FREE_OPS)}")
-        Selector.parse(self.targets)
-        Selector.parse(self.exclude)
+        parse_selector_fields(self)
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ def mask_free_activations_transform_pass(graph: ForgeGraph,
     rewritten: dict[str, int] = {}
     names: list[str] = []
     skipped: list[str] = []
-    targets = args.targets if args.targets is not None else {"type": list(args.ops)}
+    targets = args.targets if args.targets is not None else Selector.parse({"type": list(args.ops)})
     with GraphRewrite(gm) as rw:
         for node, name, _, op in list(select_nodes(gm, targets, args.exclude)):
             if op not in args.ops:

@@ -116,15 +116,15 @@ def _train_adapters(mg: ForgeGraph) -> None:
 
 def test_quantize_then_lora_then_fuse_keeps_the_layers_quantized(base: ForgeGraph) -> None:
     mg = base.copy()
-    quantize_transform_pass(mg, FIXED_LINEAR)
-    insert_lora_adapter_transform_pass(mg, {"rank": 2})
+    mg, _ = quantize_transform_pass(mg, FIXED_LINEAR)
+    mg, _ = insert_lora_adapter_transform_pass(mg, {"rank": 2})
     _train_adapters(mg)
     assert_metadata_true(mg)
     before = logits(mg)
     lora = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query")
     merged = lora.merged_weight()
-    _, info = fuse_lora_weights_transform_pass(mg)
-    assert len(info["fused"]) == 14
+    mg, info = fuse_lora_weights_transform_pass(mg, {"requantize": True})  # inexact: refused without the opt-in
+    assert len(info["fused"]) == 14 and len(info["requantized"]) == 14
     layer = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query")
     assert isinstance(layer, QuantizedLinear) and torch.equal(layer.weight, merged)
     assert_metadata_true(mg)
@@ -139,8 +139,8 @@ def test_quantize_then_lora_then_fuse_keeps_the_layers_quantized(base: ForgeGrap
 
 def test_lora_then_quantize_quantizes_the_base_layers(base: ForgeGraph) -> None:
     mg = base.copy()
-    insert_lora_adapter_transform_pass(mg, {"rank": 2})
-    _, info = quantize_transform_pass(mg, FIXED_LINEAR)
+    mg, _ = insert_lora_adapter_transform_pass(mg, {"rank": 2})
+    mg, info = quantize_transform_pass(mg, FIXED_LINEAR)
     assert info["quantized_nodes"] == 14 and len(info["float_adapters"]) == 14
     lora = mg.model.get_submodule("classifier")
     assert isinstance(lora, LoraLinear) and isinstance(lora.base, QuantizedLinear)
@@ -151,7 +151,7 @@ def test_lora_then_quantize_quantizes_the_base_layers(base: ForgeGraph) -> None:
     x = torch.randn(3, lora.in_features)
     with torch.no_grad():  # the adapter is float, on the unquantized input
         assert torch.allclose(lora(x), lora.base(x) + lora.scaling * x @ lora.lora_A.T @ lora.lora_B.T, atol=1e-6)
-    fuse_lora_weights_transform_pass(mg)
+    mg, _ = fuse_lora_weights_transform_pass(mg, {"requantize": True})
     assert isinstance(mg.model.get_submodule("classifier"), QuantizedLinear)
     assert_metadata_true(mg)
 

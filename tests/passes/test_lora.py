@@ -42,12 +42,15 @@ def test_insert_is_a_no_op_and_keeps_frozen_weight_and_bias(mg: ForgeGraph) -> N
         before = mg(**inputs)
     originals = {str(n.target): mg.model.get_submodule(str(n.target)) for n in mg.nodes
                  if n.op == "call_module" and isinstance(mg.model.get_submodule(str(n.target)), nn.Linear)}
-    _, info = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 1.0, "dropout": 0.5})
+    new, info = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 1.0, "dropout": 0.5})
     assert sorted(info["adapted"]) == sorted(originals) and len(originals) == N_LINEAR  # rank <= classifier's 2
     assert info["scaling"] == pytest.approx(1 / 2)
-    for path, base in originals.items():
-        lora = mg.model.get_submodule(path)
-        assert isinstance(lora, LoraLinear) and lora.base is base and base.bias is not None
+    for path, layer in originals.items():
+        assert mg.model.get_submodule(path) is layer and layer.weight.requires_grad  # the input graph is unchanged
+        lora = new.model.get_submodule(path)
+        base = lora.base
+        assert isinstance(lora, LoraLinear) and torch.equal(base.weight, layer.weight) and base.bias is not None
+        assert torch.equal(base.bias, layer.bias)
         assert not base.weight.requires_grad and not base.bias.requires_grad
         assert lora.lora_A.shape == (2, base.in_features) and lora.lora_B.shape == (base.out_features, 2)
         assert torch.count_nonzero(lora.lora_B) == 0 and lora.lora_A.abs().min() > 0
@@ -55,10 +58,10 @@ def test_insert_is_a_no_op_and_keeps_frozen_weight_and_bias(mg: ForgeGraph) -> N
         assert lora.lora_A.abs().max() <= bound and isinstance(lora.lora_dropout, nn.Dropout)
         assert not lora.training and not lora.lora_dropout.training  # follows the graph's eval mode
     with torch.no_grad():
-        after = mg(**inputs)
+        after = new(**inputs)
     assert (after.logits - before.logits).abs().max() <= 1e-6
     assert abs(after.loss.item() - before.loss.item()) <= 1e-6
-    trainable = {n for n, p in mg.model.named_parameters() if p.requires_grad}
+    trainable = {n for n, p in new.model.named_parameters() if p.requires_grad}
     assert trainable == {f"{p}.lora_{x}" for p in originals for x in "AB"}
     assert info["trainable"] == sum(2 * (m.in_features + m.out_features) for m in originals.values())
 
@@ -88,7 +91,7 @@ def test_memory_saving_dropout_path_has_exact_gradients() -> None:
 
 
 def test_training_moves_only_the_adapters(mg: ForgeGraph) -> None:
-    passes.insert_lora_adapter_transform_pass(mg, {"rank": 4, "targets": {"name": ["query", "value"]},
+    mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"rank": 4, "targets": {"name": ["query", "value"]},
                                                    "trainable": {"name": "classifier"}})
     frozen = {n: p.detach().clone() for n, p in mg.model.named_parameters() if not p.requires_grad}
     opt = torch.optim.AdamW([p for p in mg.model.parameters() if p.requires_grad], lr=1e-2)
@@ -107,16 +110,16 @@ def test_training_moves_only_the_adapters(mg: ForgeGraph) -> None:
 
 def test_selectors_pick_targets(mg: ForgeGraph) -> None:
     g = mg.copy()
-    _, info = passes.insert_lora_adapter_transform_pass(g, {"targets": {"name": ["query", "value"]}})
+    g, info = passes.insert_lora_adapter_transform_pass(g, {"targets": {"name": ["query", "value"]}})
     assert len(info["adapted"]) == 4 and all(p.endswith(("query", "value")) for p in info["adapted"])
     g = mg.copy()
-    _, info = passes.insert_lora_adapter_transform_pass(g, {"targets": {"regex": r".*layer\.1\.attention\..*"},
+    g, info = passes.insert_lora_adapter_transform_pass(g, {"targets": {"regex": r".*layer\.1\.attention\..*"},
                                                             "exclude": {"name": "key"}})
     assert sorted(info["adapted"]) == sorted(f"bert.encoder.layer.1.attention.{s}"
                                              for s in ("self.query", "self.value", "output.dense"))
     assert {t for _, t in info["skipped"]} == {"ScaledDotProductAttention", "Dropout", "LayerNorm"}
     g = mg.copy()
-    _, info = passes.insert_lora_adapter_transform_pass(g, {"targets": nn.Linear, "trainable": {"name": "classifier"},
+    g, info = passes.insert_lora_adapter_transform_pass(g, {"targets": nn.Linear, "trainable": {"name": "classifier"},
                                                             "exclude": {"regex": r"bert\.pooler\..*"}})
     assert len(info["adapted"]) == N_LINEAR - 2 and "classifier" not in info["adapted"]
     assert info["trainable_modules"] == ["classifier"]
@@ -139,29 +142,29 @@ def test_selectors_pick_targets(mg: ForgeGraph) -> None:
 def test_invalid_args_are_clear_errors(mg: ForgeGraph, args: dict, match: str) -> None:
     snapshot = copy.deepcopy(args)
     with pytest.raises(passes.PassArgsError, match=match) as info:
-        passes.insert_lora_adapter_transform_pass(mg, args)
+        mg, _ = passes.insert_lora_adapter_transform_pass(mg, args)
     assert "insert_lora_adapter_transform_pass" in str(info.value) and args == snapshot
     assert not lora_layers(mg.model)
 
 
 def test_no_match_double_insert_and_empty_fuse_are_errors(mg: ForgeGraph) -> None:
     with pytest.raises(passes.PassError, match=r"no nn.Linear layer for LoRA matched.*Linear \(14\)"):
-        passes.insert_lora_adapter_transform_pass(mg, {"targets": {"name": "querry"}})
+        mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"targets": {"name": "querry"}})
     with pytest.raises(passes.PassError, match="no nn.Linear layer"):  # selects only LayerNorms
-        passes.insert_lora_adapter_transform_pass(mg, {"targets": {"type": "layer_norm"}})
+        mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"targets": {"type": "layer_norm"}})
     with pytest.raises(passes.PassError, match="fuse_lora_weights_transform_pass: requires .lora.*insert_lora"):
-        passes.fuse_lora_weights_transform_pass(mg)
-    passes.insert_lora_adapter_transform_pass(mg, {"targets": {"name": "query"}})
+        mg, _ = passes.fuse_lora_weights_transform_pass(mg)
+    mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"targets": {"name": "query"}})
     with pytest.raises(passes.PassError, match="already have a LoRA adapter"):
-        passes.insert_lora_adapter_transform_pass(mg)
-    _, info = passes.insert_lora_adapter_transform_pass(mg, {"targets": {"name": "key"}})  # other layers: fine
+        mg, _ = passes.insert_lora_adapter_transform_pass(mg)
+    mg, info = passes.insert_lora_adapter_transform_pass(mg, {"targets": {"name": "key"}})  # other layers: fine
     assert len(lora_layers(mg.model)) == 4 and len(info["adapted"]) == 2
 
 
 def test_fuse_equals_unfused_and_leaves_plain_linears(mg: ForgeGraph) -> None:
     passes.init_metadata_analysis_pass(mg)
     originals = {n: p.detach().clone() for n, p in mg.model.named_parameters()}
-    passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 16.0, "dropout": 0.1})
+    mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 16.0, "dropout": 0.1})
     node = mg.node("bert_encoder_layer_0_attention_self_query")
     record = get_meta(node).software.get(LoraRecord)
     assert record is not None and record.rank == 2 and record.scaling == 8.0
@@ -172,7 +175,8 @@ def test_fuse_equals_unfused_and_leaves_plain_linears(mg: ForgeGraph) -> None:
         unfused = mg(**inputs).logits
     q = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query")
     expected = q.base.weight + 8.0 * q.lora_B @ q.lora_A
-    _, info = passes.fuse_lora_weights_transform_pass(mg)
+    mg, info = passes.fuse_lora_weights_transform_pass(mg)
+    node = mg.node("bert_encoder_layer_0_attention_self_query")  # the fused graph's node
     assert len(info["fused"]) == N_LINEAR and not lora_layers(mg.model)
     fused_q = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query")
     assert type(fused_q) is nn.Linear and torch.allclose(fused_q.weight, expected, atol=1e-7)
@@ -194,7 +198,7 @@ def test_fused_weights_equal_peft_merge_and_unload() -> None:
 
     targets = ["query", "key", "value", "dense"]
     ours = ForgeGraph(make_tiny_bert(), hf_input_names=HF_NAMES).eval()
-    passes.insert_lora_adapter_transform_pass(ours, {"rank": 4, "alpha": 8.0, "dropout": 0.1,
+    ours, _ = passes.insert_lora_adapter_transform_pass(ours, {"rank": 4, "alpha": 8.0, "dropout": 0.1,
                                                      "targets": {"name": targets}})
     _perturb_adapters(ours)
     peft_model = get_peft_model(make_tiny_bert(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1,
@@ -213,7 +217,7 @@ def test_fused_weights_equal_peft_merge_and_unload() -> None:
     with torch.no_grad():
         assert (peft_model(**inputs).logits - ours(**inputs).logits).abs().max() <= 1e-5
     merged = peft_model.merge_and_unload()
-    passes.fuse_lora_weights_transform_pass(ours)
+    ours, _ = passes.fuse_lora_weights_transform_pass(ours)
     for _, path, _ in layers:
         a, b = ours.model.get_submodule(path), merged.get_submodule(path)
         assert (a.weight - b.weight).abs().max() <= 1e-6 and torch.equal(a.bias, b.bias)
@@ -226,7 +230,7 @@ def test_gpt_attention_afno_and_mlp_linears(mixer: str) -> None:
     idx = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         before = mg(idx)
-    _, info = passes.insert_lora_adapter_transform_pass(mg, {"rank": 4, "exclude": {"name": "lm_head"}})
+    mg, info = passes.insert_lora_adapter_transform_pass(mg, {"rank": 4, "exclude": {"name": "lm_head"}})
     per_block = ["mixer.c_attn", "mixer.c_proj", "mlp.c_fc", "mlp.c_proj"] if mixer == "attn" else ["mlp.c_fc",
                                                                                                   "mlp.c_proj"]
     assert info["adapted"] == [f"blocks.{i}.{s}" for i in range(2) for s in per_block]
@@ -242,7 +246,7 @@ def test_gpt_attention_afno_and_mlp_linears(mixer: str) -> None:
     _perturb_adapters(mg)
     with torch.no_grad():
         unfused = mg(idx)
-        passes.fuse_lora_weights_transform_pass(mg)
+        mg, _ = passes.fuse_lora_weights_transform_pass(mg)
         assert (mg(idx) - unfused).abs().max() <= 1e-5
 
 
@@ -252,7 +256,7 @@ def test_real_minilm_query_key_value_dense(minilm_classifier: nn.Module) -> None
     inputs = bert_inputs(vocab=30522, batch=2, seq=24)
     with torch.no_grad():
         before = mg(**inputs).logits
-    _, info = passes.insert_lora_adapter_transform_pass(mg, {"rank": 8, "alpha": 16.0, "targets": {
+    mg, info = passes.insert_lora_adapter_transform_pass(mg, {"rank": 8, "alpha": 16.0, "targets": {
         "name": ["query", "key", "value", "dense"]}, "trainable": {"name": "classifier"}})
     assert len(info["adapted"]) == 6 * 6 + 1  # q k v o, intermediate, output per layer; pooler
     assert info["trainable_percent"] <= 2.0
@@ -261,6 +265,19 @@ def test_real_minilm_query_key_value_dense(minilm_classifier: nn.Module) -> None
     _perturb_adapters(mg, scale=0.01)
     with torch.no_grad():
         unfused = mg(**inputs).logits
-        passes.fuse_lora_weights_transform_pass(mg)
+        mg, _ = passes.fuse_lora_weights_transform_pass(mg)
         assert (mg(**inputs).logits - unfused).abs().max() <= 1e-5
     assert all(p.requires_grad for p in minilm_classifier.parameters())
+
+
+def test_mase_tutorial_rank_on_a_two_label_head_names_the_way_out(mg: ForgeGraph) -> None:
+    """MASE tutorial 2 asks rank 6 on every Linear; the 2-label classifier is narrower: say how to proceed."""
+    mase = {"rank": 6, "alpha": 1.0, "dropout": 0.5}
+    with pytest.raises(passes.PassArgsError, match=r"rank'\] = 6 exceeds .*classifier \(2\)") as err:
+        mg, _ = passes.insert_lora_adapter_transform_pass(mg, mase)
+    message = str(err.value)
+    assert "{'exclude': {'name': ['classifier']}}" in message and "{'trainable': {'name': ['classifier']}}" in message
+    assert not lora_layers(mg.model)
+    for way_out in ({"exclude": {"name": ["classifier"]}}, {"trainable": {"name": ["classifier"]}}):
+        _, info = passes.insert_lora_adapter_transform_pass(mg.copy(), {**mase, **way_out})
+        assert len(info.adapted) == N_LINEAR - 1 and "classifier" not in info.adapted

@@ -33,9 +33,9 @@ def base_graph() -> ForgeGraph:
 def _trained(base: ForgeGraph) -> ForgeGraph:
     """Adapters on query/value (rank 4) and on every dense (rank 2, other alpha), classifier fully trained."""
     mg = base.copy()
-    passes.insert_lora_adapter_transform_pass(mg, {"rank": 4, "alpha": 8.0, "dropout": 0.1, "targets": {
+    mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"rank": 4, "alpha": 8.0, "dropout": 0.1, "targets": {
         "name": ["query", "value"]}, "trainable": {"name": "classifier"}})
-    passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 1.0, "freeze_rest": False,
+    mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 1.0, "freeze_rest": False,
                                                    "targets": {"regex": r".*\.(intermediate|output)\.dense"}})
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -76,7 +76,7 @@ def test_adapter_checkpoint_round_trip(base_graph: ForgeGraph, tmp_path: Path) -
     fresh = ForgeGraph(make_tiny_bert(), hf_input_names=HF_NAMES).eval()
     with torch.no_grad():
         assert (fresh(**inputs).logits - expected).abs().max() > 1e-3
-    _, info = load_lora_adapters(fresh, path)
+    fresh, info = load_lora_adapters(fresh, path)
     assert len(info["adapted"]) == 10 and info["extras"] == [
         "bert.encoder.layer.0.attention.self.query.base.bias", "classifier.weight", "classifier.bias"]
     with torch.no_grad():
@@ -86,7 +86,7 @@ def test_adapter_checkpoint_round_trip(base_graph: ForgeGraph, tmp_path: Path) -
     assert not any(isinstance(m, LoraLinear) and m.training for m in fresh.model.modules())
     trainable = {n for n, p in fresh.model.named_parameters() if p.requires_grad}
     assert trainable == {n for n, p in mg.model.named_parameters() if p.requires_grad}
-    passes.fuse_lora_weights_transform_pass(fresh)
+    fresh, _ = passes.fuse_lora_weights_transform_pass(fresh)
     with torch.no_grad():
         assert (fresh(**inputs).logits - expected).abs().max() <= 1e-5
 
@@ -100,26 +100,26 @@ def test_tampered_or_mismatched_checkpoints_are_refused(base_graph: ForgeGraph, 
     raw[-1] ^= 1
     (path / WEIGHTS).write_bytes(bytes(raw))
     with pytest.raises(LoraCheckpointError, match="SHA-256 does not match"):
-        load_lora_adapters(fresh, path)
+        fresh, _ = load_lora_adapters(fresh, path)
     save_lora_adapters(mg, path)
 
     weights = safetensors.torch.load_file(str(path / WEIGHTS))
     _rewrite(path, weights={**weights, "bert.encoder.layer.0.attention.self.key.lora_A": torch.zeros(4, 32)})
     with pytest.raises(LoraCheckpointError, match=r"unexpected \['bert.encoder.layer.0.attention.self.key"):
-        load_lora_adapters(fresh, path)
+        fresh, _ = load_lora_adapters(fresh, path)
     _rewrite(path, weights={k: v for k, v in weights.items() if k != "classifier.bias"})
     with pytest.raises(LoraCheckpointError, match=r"missing \['classifier.bias'\]"):
-        load_lora_adapters(fresh, path)
+        fresh, _ = load_lora_adapters(fresh, path)
     _rewrite(path, weights={**weights, "bert.encoder.layer.0.attention.self.query.lora_A": torch.zeros(3, 32)})
     with pytest.raises(LoraCheckpointError, match=r"lora_A' is \(3, 32\).*expects \(4, 32\)"):
-        load_lora_adapters(fresh, path)
+        fresh, _ = load_lora_adapters(fresh, path)
 
     save_lora_adapters(mg, path)
     config = json.loads((path / CONFIG).read_text())
     config["layers"][0]["name"] = "bert.encoder.layer.0.attention.self.querry"
     _rewrite(path, config=config)
     with pytest.raises(LoraCheckpointError, match="querry: no nn.Linear layer of that name"):
-        load_lora_adapters(fresh, path)
+        fresh, _ = load_lora_adapters(fresh, path)
     assert not lora_layers(fresh.model)  # every check runs before the graph is touched
 
     save_lora_adapters(mg, path)
@@ -127,14 +127,14 @@ def test_tampered_or_mismatched_checkpoints_are_refused(base_graph: ForgeGraph, 
     with torch.no_grad():
         other.model.get_submodule("bert.encoder.layer.1.attention.self.value").weight.mul_(2)
     with pytest.raises(LoraCheckpointError, match="layer.1.attention.self.value: base weights differ"):
-        load_lora_adapters(other, path)
-    load_lora_adapters(other, path, check_base=False)
+        other, _ = load_lora_adapters(other, path)
+    other, _ = load_lora_adapters(other, path, check_base=False)
     with pytest.raises(LoraCheckpointError, match="already has a LoRA adapter"):
-        load_lora_adapters(other, path)
+        other, _ = load_lora_adapters(other, path)
     with pytest.raises(LoraCheckpointError, match="no LoRA adapters to save"):
         save_lora_adapters(base_graph, tmp_path / "empty")
     with pytest.raises(LoraCheckpointError, match="nowhere: no such checkpoint directory"):
-        load_lora_adapters(fresh, tmp_path / "nowhere")
+        fresh, _ = load_lora_adapters(fresh, tmp_path / "nowhere")
 
 
 def test_adapted_graph_survives_export_and_reload(base_graph: ForgeGraph, tmp_path: Path) -> None:
@@ -163,6 +163,6 @@ def test_adapted_graph_survives_export_and_reload(base_graph: ForgeGraph, tmp_pa
     grads = {n for n, p in loaded.model.named_parameters() if p.grad is not None}
     assert grads == {n for n, f in flags.items() if f} and any("lora_B" in n for n in grads)
     loaded.eval()
-    passes.fuse_lora_weights_transform_pass(loaded)
+    loaded, _ = passes.fuse_lora_weights_transform_pass(loaded)
     with torch.no_grad():
         assert (loaded(**inputs).logits - expected.logits).abs().max() <= 1e-5

@@ -51,3 +51,62 @@ def test_selector_errors_and_by() -> None:
     assert matches_by("name", "b", "a.b", None, "add") and not matches_by("name", "a", "a.b", None, "add")
     with pytest.raises(SelectorError, match="'by'"):
         matches_by("kind", "x", "a", None, "add")
+
+
+# -- one meaning of "empty", parsed once, in every pass with selector fields ------------------------------
+_REQUIRED = {"prune_transform_pass": {"weight": {"sparsity": 0.5}}}  # other args a pass cannot be built without
+
+
+def _selector_passes() -> list[str]:
+    import dataclasses
+
+    from fxforge.passes.base import PASSES
+
+    return sorted(n for n, fn in PASSES.items() if dataclasses.is_dataclass(fn.spec.args_type)
+                  and "targets" in {f.name for f in dataclasses.fields(fn.spec.args_type)})
+
+
+def test_the_passes_with_selector_fields_are_known() -> None:
+    assert set(_selector_passes()) >= {"insert_lora_adapter_transform_pass", "fuse_lora_weights_transform_pass",
+                                       "fuse_kernels_transform_pass", "mask_free_activations_transform_pass",
+                                       "prune_transform_pass", "freeze_transform_pass", "unfreeze_transform_pass"}
+
+
+@pytest.mark.parametrize("name", _selector_passes())
+@pytest.mark.parametrize("empty", [{}, [], {"name": []}, {"type": [], "regex": []}])
+def test_empty_targets_is_refused_alike_by_every_pass(bert_graph: ForgeGraph, name: str, empty: object) -> None:
+    from fxforge.passes import PassArgsError
+    from fxforge.passes.base import PASSES
+
+    mg = bert_graph.copy()
+    with pytest.raises(PassArgsError, match=rf"{name}: 'targets' = .* is empty: an empty selector selects nothing"):
+        PASSES[name](mg, {**_REQUIRED.get(name, {}), "targets": empty})
+    assert not mg.history  # refused before anything ran
+
+
+@pytest.mark.parametrize("name", _selector_passes())
+def test_selector_fields_are_parsed_once_into_selectors(name: str) -> None:
+    from fxforge.passes.base import PASSES, build_args
+
+    args = build_args(name, PASSES[name].spec.args_type, {**_REQUIRED.get(name, {}), "targets": {"name": "query"},
+                                                          "exclude": None})
+    assert args.targets == Selector(names=("query",))
+    assert isinstance(args.exclude, Selector) and args.exclude.empty  # an omitted exclude excludes nothing
+
+
+def test_fuse_kernels_parses_its_selectors_once_not_per_node(bert_graph: ForgeGraph,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxforge import passes
+
+    parsed: list[object] = []
+    original = Selector.parse.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[Selector], spec: object) -> Selector:
+        if not isinstance(spec, Selector):
+            parsed.append(spec)
+        return original(cls, spec)
+
+    mg, _ = passes.add_common_metadata_analysis_pass(bert_graph.copy())
+    monkeypatch.setattr(Selector, "parse", classmethod(counting))
+    _, info = passes.fuse_kernels_transform_pass(mg, {"targets": {"type": "layer_norm"}, "exclude": {"name": "x"}})
+    assert info.fused and parsed.count({"type": "layer_norm"}) == parsed.count({"name": "x"}) == 1  # once each

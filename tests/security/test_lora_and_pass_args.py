@@ -126,11 +126,12 @@ def test_generator_data_is_passed_by_reference(base: ForgeGraph) -> None:
 
 def test_configuration_is_copied_and_uncopyable_config_is_named() -> None:
     from fxforge.passes.base import build_args
+    from fxforge.passes.select import Selector
     from fxforge.passes.transform.lora import LoraArgs
 
     targets = {"name": ["fc"]}
     args = build_args("lora", LoraArgs, {"targets": targets})
-    assert args.targets == targets and args.targets is not targets
+    assert args.targets == Selector(names=("fc",)) and targets == {"name": ["fc"]}  # parsed; the caller's dict kept
     with pytest.raises(PassArgsError, match=r"pass_args\['targets'\] \(lock\) cannot be copied"):
         build_args("lora", LoraArgs, {"targets": threading.Lock()})
 
