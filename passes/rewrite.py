@@ -15,7 +15,11 @@ by hand. Two entry points:
 
       with GraphRewrite(gm) as rw:
           q = rw.call_module("quant.x", Quantize(...), (x,), before=node)   # new node
+          w = rw.get_attr("fc.weight", before=node)                          # read a parameter / buffer
           rw.set_arg(node, 0, q)                                             # rewire an input
+          rw.set_args(node, (x, 4, 8))                                       # all of a node's arguments
+          rw.set_module("fc", smaller_linear)                                # swap a module its callers call
+          rw.erase(unused_node)                                              # drop a node nothing reads
           rw.bypass(dropout_node, dropout_node.args[0])                      # erase, users take the input
           rw.replace(node, "call_module", "attn", (q, k, v), module=m)       # same name, new computation
           rw.replace_pattern(nodes, build)                                   # a matched subgraph -> new nodes
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
@@ -156,11 +161,13 @@ def inject_modules(gm: fx.GraphModule, targets: Any, exclude: Any, build: Builde
 class GraphRewrite:
     """A batch of node-level edits whose metadata is derived when the ``with`` block ends.
 
-    Edits: :meth:`call_module` / :meth:`call_function` (insert), :meth:`set_arg` (rewire),
-    :meth:`bypass` (erase a node, its users take a value), :meth:`replace` (a node computes something
-    else under the same name), :meth:`replace_pattern` (a subgraph becomes new nodes). Touched nodes
-    and their direct users are re-derived; :meth:`touch` adds nodes changed by other means (e.g. a
-    module mutated in place).
+    Edits: :meth:`call_module` / :meth:`call_function` / :meth:`get_attr` (insert), :meth:`set_arg` /
+    :meth:`set_args` (rewire), :meth:`set_module` (swap the module behind call nodes), :meth:`erase` (a
+    node nothing reads), :meth:`bypass` (erase a node, its users take a value), :meth:`replace` (a node
+    computes something else under the same name), :meth:`replace_pattern` (a subgraph becomes new
+    nodes). Touched nodes are re-derived (and their users, when their results change); :meth:`touch`
+    adds nodes changed by other means (e.g. a module mutated in place). Passes edit the graph only
+    through these methods, so the metadata upkeep cannot be skipped.
     """
 
     def __init__(self, gm: fx.GraphModule) -> None:
@@ -209,6 +216,42 @@ class GraphRewrite:
         self.touch(node)
         return node
 
+    def get_attr(self, path: str, *, before: fx.Node | None = None, after: fx.Node | None = None,
+                 buffer: torch.Tensor | None = None) -> fx.Node:
+        """Insert a read of the parameter / buffer at ``path`` (``buffer`` is first registered there on the
+        root: a new constant, e.g. a folded value)."""
+        if buffer is not None:
+            self.gm.register_buffer(path, buffer)
+        with self._insert_point(before, after):
+            node = self.graph.get_attr(path)
+        self.inserted += 1
+        self.touch(node)
+        return node
+
+    def order(self) -> dict[fx.Node, int]:
+        """Each node's position in the graph now (to compare where two nodes are)."""
+        return {n: i for i, n in enumerate(self.graph.nodes)}
+
+    def erase(self, node: fx.Node) -> None:
+        """Erase a node nothing reads (ValueError naming it otherwise: use :meth:`bypass`)."""
+        if node.users:
+            raise ValueError(f"cannot erase node {node.name!r}: {[u.name for u in node.users]} read it; use bypass")
+        self.touched.discard(node)
+        self.graph.erase_node(node)
+        self.erased += 1
+
+    def set_args(self, node: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
+        """Replace all of ``node``'s positional arguments (and its keyword ones when ``kwargs`` is given)."""
+        node.args = tuple(args)
+        if kwargs is not None:
+            node.kwargs = dict(kwargs)
+        self.touch(node)
+
+    def set_module(self, path: str, module: nn.Module) -> None:
+        """Put ``module`` at ``path``; the nodes that call it are re-derived (e.g. a resized layer)."""
+        set_module(self.gm, path, module)
+        self.touch(*_callers(self.gm, {path}))
+
     def set_arg(self, node: fx.Node, index: int, value: Any) -> None:
         """Replace positional argument ``index`` of ``node``."""
         args = list(node.args)
@@ -228,9 +271,7 @@ class GraphRewrite:
         users = list(node.users)
         node.replace_all_uses_with(value) if isinstance(value, fx.Node) else [
             u.replace_input_with(node, value) for u in users]
-        self.touched.discard(node)
-        self.graph.erase_node(node)
-        self.erased += 1
+        self.erase(node)
         self.touch(*users)
 
     def replace(self, node: fx.Node, op: CallOp, target: Any, args: tuple[Any, ...],
@@ -254,9 +295,7 @@ class GraphRewrite:
         self.touch(new, *new.users)
         for node in reversed(nodes):
             if not node.users:
-                self.touched.discard(node)
-                self.graph.erase_node(node)
-                self.erased += 1
+                self.erase(node)
         return new
 
     def finish(self) -> None:

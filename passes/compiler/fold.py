@@ -74,10 +74,8 @@ def fold_constants_transform_pass(graph: ForgeGraph, args: NoArgs) -> tuple[Forg
             if not isinstance(value, torch.Tensor):
                 continue
             name, index = _fresh_name(gm, index)
-            gm.register_buffer(name, value.detach().clone(memory_format=torch.contiguous_format))
-            with gm.graph.inserting_before(node):
-                read = gm.graph.get_attr(name)
-            rw.touch(read)
+            read = rw.get_attr(name, before=node,
+                               buffer=value.detach().clone(memory_format=torch.contiguous_format))
             rw.bypass(node, read)
             folded += 1
             size += value.numel() * value.element_size()

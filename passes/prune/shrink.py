@@ -20,7 +20,7 @@ import torch.nn as nn
 from ...graph.forge_graph import ForgeGraph
 from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo
-from ..rewrite import refresh_nodes, set_module
+from ..rewrite import GraphRewrite
 from .groups import DependencyGraph, GroupError, analyse_dependencies
 from .modules import PrunedLinear, is_masked
 
@@ -90,7 +90,7 @@ def _kept_per_axis(lab: torch.Tensor, gone: torch.Tensor, name: str) -> list[int
     return kept
 
 
-def _resize_args(node: fx.Node, old: list[int], new: list[int]) -> None:
+def _resize_args(rw: GraphRewrite, node: fx.Node, old: list[int], new: list[int]) -> None:
     if old == new:
         return
     args = list(node.args)
@@ -106,17 +106,17 @@ def _resize_args(node: fx.Node, old: list[int], new: list[int]) -> None:
                 shape[i] = n
             elif not (isinstance(shape[i], int) and shape[i] == -1) and not isinstance(shape[i], fx.Node):
                 raise GroupError(f"shrink: node {node.name!r} has a size {shape[i]!r} the shrink cannot update")
-    node.args = (args[0], shape) if packed else (args[0], *shape)
+    rw.set_args(node, (args[0], shape) if packed else (args[0], *shape))
 
 
-def _resize_split(node: fx.Node, chunks: tuple[torch.Tensor, ...], gone: torch.Tensor) -> None:
+def _resize_split(rw: GraphRewrite, node: fx.Node, chunks: tuple[torch.Tensor, ...], gone: torch.Tensor) -> None:
     dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
     sizes = [_kept_per_axis(c, gone, node.name)[dim] for c in chunks]
     if sizes == [c.shape[dim] for c in chunks]:
         return
     if not isinstance(node.args[1], int) or len(set(sizes)) != 1:
         raise GroupError(f"shrink: split node {node.name!r} would need unequal chunk sizes {sizes}")
-    node.args = (node.args[0], sizes[0], *node.args[2:])
+    rw.set_args(node, (node.args[0], sizes[0], *node.args[2:]))
 
 
 def _sliced(m: nn.Module, rows: torch.Tensor, cols: torch.Tensor) -> nn.Module:
@@ -151,6 +151,7 @@ def shrink_transform_pass(graph: ForgeGraph, args: ShrinkArgs) -> tuple[ForgeGra
     removed, kept_masked = _removable(dep, gm, args.strict)
     table = torch.tensor([dep.find(u) in removed for u in range(len(dep.units))] + [False])
     heads = {node: (len(per), sum(1 for u in per if dep.find(u) not in removed)) for node, per in dep.heads.items()}
+    rw = GraphRewrite(gm)
     # literal sizes first (labels are those of the unshrunk graph)
     for node in list(gm.graph.nodes):
         lab = dep.labels.get(node.name)
@@ -160,9 +161,9 @@ def shrink_transform_pass(graph: ForgeGraph, args: ShrinkArgs) -> tuple[ForgeGra
         if isinstance(lab, torch.Tensor):
             kept = _kept_per_axis(lab, table, node.name)
             if name in _SIZE_OPS:
-                _resize_args(node, list(lab.shape), kept)
+                _resize_args(rw, node, list(lab.shape), kept)
         elif name in ("split", "chunk") and all(isinstance(c, torch.Tensor) for c in lab):
-            _resize_split(node, tuple(lab), table)
+            _resize_split(rw, node, tuple(lab), table)
     resized: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {}
     paths = {p for p, _ in dep.units} | set(dep.columns)
     for path in sorted(paths):
@@ -175,8 +176,9 @@ def shrink_transform_pass(graph: ForgeGraph, args: ShrinkArgs) -> tuple[ForgeGra
                             dtype=torch.long)
         if rows.numel() == out_f and cols.numel() == in_f:
             continue
-        set_module(gm, path, _sliced(m, rows, cols))  # metadata: every node re-derived below, once
+        rw.set_module(path, _sliced(m, rows, cols))
         resized[path] = ((out_f, in_f), (int(rows.numel()), int(cols.numel())))
-    refresh_nodes(gm, [n for n in gm.graph.nodes if n.op != "placeholder"])  # inputs keep their values
+    rw.touch(*[n for n in gm.graph.nodes if n.op != "placeholder"])  # sizes change downstream; inputs keep theirs
+    rw.finish()  # metadata re-derived once, after every resize
     after = sum(p.numel() for p in gm.parameters())
     return graph, ShrinkInfo(resized, heads, len(removed), before, after, tuple(kept_masked))

@@ -65,19 +65,9 @@ def _erase_dead(rw: GraphRewrite, nodes: list[fx.Node]) -> None:
     """Erase the pattern's nodes that nothing reads any more (in the order given: users first)."""
     for node in nodes:
         for extra in [u for u in node.users if op_of(u, rw.gm) == "getitem" and not u.users]:
-            rw.graph.erase_node(extra)  # e.g. the unused indices output of aten.max.dim
-            rw.erased += 1
+            rw.erase(extra)  # e.g. the unused indices output of aten.max.dim
         if not node.users:
-            rw.touched.discard(node)
-            rw.graph.erase_node(node)
-            rw.erased += 1
-
-
-def _get_attr(rw: GraphRewrite, path: str, before: fx.Node) -> fx.Node:
-    with rw.graph.inserting_before(before):
-        node = rw.graph.get_attr(path)
-    rw.touch(node)
-    return node
+            rw.erase(node)
 
 
 # -- softmax ----------------------------------------------------------------------------------------
@@ -249,19 +239,19 @@ def fuse_layer_norm(rw: GraphRewrite, node: fx.Node, with_add: bool, alone: bool
     if add is None and not alone:
         return None
     if add is None:
-        wn = _get_attr(rw, w, node) if isinstance(w, str) else w
-        bn = _get_attr(rw, b, node) if isinstance(b, str) else b
+        wn = rw.get_attr(w, before=node) if isinstance(w, str) else w
+        bn = rw.get_attr(b, before=node) if isinstance(b, str) else b
         rw.replace(node, "call_function", torch.ops.fxforge.layer_norm.default, (x, wn, bn, eps))
         return "layer_norm"
-    order = {n: i for i, n in enumerate(rw.graph.nodes)}
+    order = rw.order()
     if all(order[u] > order[node] for u in add.users if u is not node):
         anchor = node  # every other reader of the sum comes later: build the fused op where the norm was
     elif isinstance(w, str | None) and isinstance(b, str | None):
         anchor = add.next  # the sum is read before the norm: build it right after the add
     else:
         return None
-    wn = _get_attr(rw, w, anchor) if isinstance(w, str) else w
-    bn = _get_attr(rw, b, anchor) if isinstance(b, str) else b
+    wn = rw.get_attr(w, before=anchor) if isinstance(w, str) else w
+    bn = rw.get_attr(b, before=anchor) if isinstance(b, str) else b
     fused = rw.call_function(torch.ops.fxforge.add_layer_norm.default, (*add.args, wn, bn, eps), before=anchor)
     y = rw.call_function(operator.getitem, (fused, 0), after=fused)
     rw.bypass(node, y)
@@ -303,7 +293,8 @@ def fuse_bias_activation(rw: GraphRewrite, node: fx.Node) -> str | None:
         m = gm.get_submodule(str(lin.target))
         if type(m) is not nn.Linear or m.bias is None or len(lin.args) != 1 or lin.kwargs:
             return None
-        x, w, b = lin.args[0], _get_attr(rw, f"{lin.target}.weight", lin), _get_attr(rw, f"{lin.target}.bias", lin)
+        x = lin.args[0]
+        w, b = (rw.get_attr(f"{lin.target}.{p}", before=lin) for p in ("weight", "bias"))
         target: Any = F.linear
     else:
         x, w, b = arg(lin, 0, "input"), arg(lin, 1, "weight"), arg(lin, 2, "bias")

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from conftest import bert_inputs
 
 from fxforge import ForgeGraph, passes
 from fxforge.graph.metadata import get_meta
@@ -131,4 +130,32 @@ def test_inject_no_match_lists_candidates(tiny_bert: nn.Module) -> None:
         inject_modules(mg.model, {"name": "nonexistent"}, None, lambda name, m: m)
     with pytest.raises(NoMatchError):
         inject_modules(mg.model, {"type": "linear"}, None, lambda name, m: None)
-    assert bert_inputs  # the shared input builder stays importable for other rewrite tests
+
+
+def test_get_attr_erase_set_args_and_set_module_keep_metadata_fresh() -> None:
+    """What passes used to do around the engine (fusion, folding, shrinking) now goes through it."""
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    mg = _with_metadata(model, example_inputs=torch.randn(2, 4))
+    x = torch.randn(5, 4)
+    smaller = nn.Linear(6, 2)
+    with torch.no_grad():
+        expected = smaller(torch.relu(model[0](x))).reshape(5, 1, 2) + 1.0
+    gm = mg.model
+    relu, last, out = mg.node("_1"), mg.node("_2"), mg.node("output")
+    with GraphRewrite(gm) as rw:
+        rw.set_module("2", smaller)  # resized: the caller's shapes and parameters follow
+        view = rw.call_function(torch.reshape, (last, (5, 3)), after=last)
+        rw.set_args(view, (last, (-1, 1, 2)))  # all of a node's arguments at once
+        one = rw.get_attr("one", after=view, buffer=torch.ones(()))  # a new constant, registered and read
+        total = rw.call_function(operator.add, (view, one), after=one)
+        rw.set_arg(out, 0, total)
+        dead = rw.get_attr("0.bias", before=relu)
+        with pytest.raises(ValueError, match="cannot erase node '_2'"):
+            rw.erase(last)
+        rw.erase(dead)
+    mg.recompile()
+    assert rw.inserted == 4 and rw.erased == 1 and dead not in gm.graph.nodes
+    assert torch.allclose(mg(x), expected)
+    assert get_meta(last).common.results["data_out_0"].shape == (2, 2)
+    assert get_meta(total).common.results["data_out_0"].shape == (2, 1, 2)
+    assert current_common(mg) == fresh_common(mg)
