@@ -57,14 +57,19 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "fuse_elementwise": ("fuse_elementwise_transform_pass", {}, [], None),
     "fold_constants": ("fold_constants_transform_pass", {}, [], None),
     "fuse_kernels": ("fuse_kernels_transform_pass", {}, [], None),
-    "afno_real": ("afno_real_arithmetic_transform_pass", {}, [], None),  # no complex products in BERT: a no-op
-    "mask_free": ("mask_free_activations_transform_pass", {}, [], None),  # no ReLU in BERT: tests/passes/test_mask_free
 }
+# transforms with nothing to rewrite in BERT (no complex products, no ReLU / softshrink): run on the AFNO GPT,
+# whose FFT mixer has both, so the contract is checked on a graph the pass really changes
+GPT_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "afno_real": ("afno_real_arithmetic_transform_pass", {}),
+    "mask_free": ("mask_free_activations_transform_pass", {}),
+}
+GPT_SHAPES = [(2, 16), (3, 24)]
 
 
 def test_cases_cover_every_transform() -> None:
     transforms = {n for n, fn in PASSES.items() if fn.spec.kind == "transform" and not n.startswith("_")}
-    assert {case[0] for case in CASES.values()} == transforms
+    assert {case[0] for case in CASES.values()} | {case[0] for case in GPT_CASES.values()} == transforms
 
 
 def _common(mg: ForgeGraph) -> dict[str, Any]:
@@ -114,6 +119,26 @@ def test_transform_contract_and_metadata(bert_graph: ForgeGraph, case: str) -> N
         else:  # bounded: measured and finite, and the transform did change something
             assert 10.0 < diff.sqnr_db < float("inf"), (case, diff)
     assert _common(mg) == _fresh(mg)
+
+
+@pytest.mark.parametrize("case", sorted(GPT_CASES))
+def test_transform_contract_and_metadata_on_afno_gpt(case: str) -> None:
+    name, args = GPT_CASES[case]
+    gen = torch.Generator().manual_seed(4)
+    inputs = [torch.randint(0, 64, shape, generator=gen) for shape in GPT_SHAPES]
+    mg = ForgeGraph(make_gpt("afno"), example_inputs=(inputs[0],))
+    mg, _ = passes.add_common_metadata_analysis_pass(mg)
+    with torch.no_grad():
+        before = [mg(idx) for idx in inputs]
+    out, info = PASSES[name](mg, args)
+    assert info.changed and out is not mg, (case, info)  # it rewrote something, on a new graph
+    contract = PASSES[name].spec.contract
+    assert contract.kind == "exact"
+    with torch.no_grad():
+        for idx, ref in zip(inputs, before):
+            diff = compare_outputs(ref, out(idx))
+            assert diff.within(contract.atol, contract.rtol), (case, tuple(idx.shape), diff)
+    assert _common(out) == _fresh(out)
 
 
 def test_quantized_gpt_metadata_matches_fresh() -> None:
