@@ -22,6 +22,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -70,8 +71,8 @@ class AfnoRealInfo(PassInfo):
 def _real_mul(rw: GraphRewrite, node: fx.Node) -> fx.Node:
     a, b = node.args
 
-    def call(fn: object, *args: object) -> fx.Node:
-        return rw.call_function(fn, tuple(args), before=node)  # type: ignore[arg-type]
+    def call(fn: Callable[..., Any], *args: Any) -> fx.Node:
+        return rw.call_function(fn, args, before=node)
 
     ra, rb = call(torch.view_as_real, a), call(torch.view_as_real, b)
     ar, ai = call(torch.select, ra, -1, 0), call(torch.select, ra, -1, 1)
@@ -102,22 +103,29 @@ def _fft_params(node: fx.Node, gm: fx.GraphModule, op: str) -> dict[str, object]
 def _fft_conv_pattern(node: fx.Node, gm: fx.GraphModule) -> list[fx.Node] | None:
     """``[rfft_a, rfft_b, mul, irfft]`` (graph order) when ``node`` is the product of an FFT convolution
     whose spectra nothing else reads."""
-    spectra = [_fft_params(a, gm, "fft_rfft") if isinstance(a, fx.Node) else None for a in node.args]
+    sources = [a for a in node.args if isinstance(a, fx.Node)]
+    if len(sources) != len(node.args):
+        return None
     users = list(node.users)
     inverse = _fft_params(users[0], gm, "fft_irfft") if len(users) == 1 else None
-    if inverse is None or inverse["input"] is not node or any(s is None for s in spectra):
+    if inverse is None or inverse["input"] is not node:
         return None
-    if any(len(a.users) != 1 or s["n"] != inverse["n"] or s["dim"] != inverse["dim"]  # type: ignore[index]
-           for a, s in zip(node.args, spectra)):
-        return None
-    return sorted([*node.args, node, users[0]], key=list(gm.graph.nodes).index)  # type: ignore[list-item]
+    for a in sources:
+        s = _fft_params(a, gm, "fft_rfft")
+        if s is None or len(a.users) != 1 or s["n"] != inverse["n"] or s["dim"] != inverse["dim"]:
+            return None
+    return sorted([*sources, node, users[0]], key=list(gm.graph.nodes).index)
 
 
 def _fused_conv(pattern: list[fx.Node], gm: fx.GraphModule) -> Callable[[GraphRewrite, fx.Node], fx.Node]:
+    """The builder of the :func:`fft_conv` call that replaces a pattern :func:`_fft_conv_pattern` matched."""
     mul, irfft = pattern[-2], pattern[-1]
-    a, b = (_fft_params(s, gm, "fft_rfft")["input"] for s in mul.args)  # type: ignore[union-attr, index]
+    spectra = [_fft_params(s, gm, "fft_rfft") if isinstance(s, fx.Node) else None for s in mul.args]
     inverse = _fft_params(irfft, gm, "fft_irfft")
-    assert inverse is not None
+    if inverse is None or len(spectra) != 2 or spectra[0] is None or spectra[1] is None:
+        raise RuntimeError(f"afno_real_arithmetic_transform_pass: the FFT convolution at {mul.name!r} is no "
+                           "longer rfft * rfft -> irfft; a bug in the pass's matching, please report it")
+    a, b = spectra[0]["input"], spectra[1]["input"]
     return lambda rw, last: rw.call_function(fft_conv, (a, b, inverse["n"], inverse["dim"]), before=last)
 
 

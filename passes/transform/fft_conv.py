@@ -67,14 +67,14 @@ def _rfft(x: Tensor, n: int, dim: int) -> Tensor:
 
 class _FFTConv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, a: Tensor, b: Tensor, n: int, dim: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, a: Tensor, b: Tensor, n: int, dim: int) -> Tensor:
         fa, fb = _rfft(a, n, dim), _rfft(b, n, dim)
         ctx.save_for_backward(fa, fb)
         ctx.n, ctx.dim, ctx.len_a, ctx.len_b = n, dim, a.shape[dim], b.shape[dim]
         return torch.fft.irfft(torch.view_as_complex(_real_product(fa, fb, conj_y=False)), n=n, dim=dim)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         fa, fb = ctx.saved_tensors
         n, dim = ctx.n, ctx.dim
         fg = _rfft(grad, n, dim)
