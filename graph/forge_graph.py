@@ -16,7 +16,7 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
-from .capture import Frontend, capture
+from .capture import CaptureError, Frontend, capture
 from .inputs import ExampleInputs
 from .metadata import NodeMeta, get_meta
 from .treespec import copy_codegen, spec_memo
@@ -68,6 +68,21 @@ def _copy_graph(graph: fx.Graph, memo: dict[int, Any]) -> fx.Graph:
     return new
 
 
+def _own_copy(model: nn.Module, share_weights: bool) -> nn.Module:
+    """The copy of ``model`` a graph is captured from (same module paths, so HF parameter names survive):
+    capture and passes then never change ``model`` (capture runs its forward, which may write to its
+    config). ``share_weights`` keeps its parameter and buffer tensors shared, copying only the modules."""
+    memo: dict[int, Any] = {}
+    if share_weights:
+        memo.update((id(t), t) for t in (*model.parameters(), *model.buffers()))
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:
+        raise CaptureError(f"could not copy {type(model).__name__} for capture ({type(exc).__name__}: {exc}): the "
+                           "graph works on its own copy so passes never change the model you pass; make the model "
+                           "deep-copyable (copy.deepcopy) or hold the offending attribute outside it") from exc
+
+
 class ForgeGraph:
     """A model captured into a metadata-annotated torch.fx GraphModule.
 
@@ -83,6 +98,11 @@ class ForgeGraph:
         dynamic: export frontend only: make every input dimension dynamic where the model allows.
         cache: reuse the graph of an identical architecture captured before (graph/capture_cache): same
             class, config, module attributes, parameter shapes and input spec; weights may differ.
+        share_weights: the graph always owns its modules, so no pass changes ``model``'s structure. By default
+            it also owns copies of the parameters and buffers: passes (pruning, freezing, LoRA, training)
+            never change ``model``, at the cost of a second copy of the weights in memory while ``model``
+            is alive. ``True`` shares the tensors themselves (no extra weight memory): pruning or training
+            the graph then changes ``model``'s weights and ``requires_grad`` flags too.
     """
 
     def __init__(
@@ -95,9 +115,10 @@ class ForgeGraph:
         leaf_functions: Sequence[Any] = (),
         dynamic: bool = True,
         cache: bool = True,
+        share_weights: bool = False,
     ) -> None:
         result = capture(
-            model,
+            _own_copy(model, share_weights) if isinstance(model, nn.Module) else model,
             example_inputs=example_inputs,
             hf_input_names=hf_input_names,
             frontend=frontend,

@@ -161,7 +161,8 @@ def build_trial_graph(space: SearchSpace, plan: TrialPlan, base: ForgeGraph | No
     build = getattr(space, "build_model", None)
     if build is None:  # a joint space holding a NAS space
         build = next(s.build_model for s in getattr(space, "spaces", ()) if hasattr(s, "build_model"))
-    return ForgeGraph(build(plan.model_config, plan.identity_layers), **dict(capture))
+    # the trial owns the freshly built model: its graph shares the weights rather than copying them
+    return ForgeGraph(build(plan.model_config, plan.identity_layers), **{"share_weights": True, **dict(capture)})
 
 
 @dataclass

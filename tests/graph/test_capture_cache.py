@@ -45,9 +45,13 @@ def test_other_weights_hit_and_outputs_follow_them() -> None:
         assert (_logits(gb.eval(), inputs) - _logits(b, inputs)).abs().max() <= 1e-5
         assert (_logits(ga.eval(), inputs) - _logits(a, inputs)).abs().max() <= 1e-5
         assert not torch.allclose(_logits(gb, inputs), _logits(a, inputs))
-    # the graph shares b's modules, as a fresh capture does; training it trains b
+    # a hit, like a fresh capture, owns copies of b's modules and weights (share_weights=True shares the weights)
     q = "bert.encoder.layer.0.attention.self.query"
-    assert gb.model.get_submodule(q) is b.get_submodule(q)
+    assert gb.model.get_submodule(q) is not b.get_submodule(q)
+    assert gb.model.get_submodule(q).weight.data_ptr() != b.get_submodule(q).weight.data_ptr()
+    c = _bert(seed=2)  # (b's eager forward with labels above set b.config.problem_type: another key)
+    shared = ForgeGraph(c, hf_input_names=NAMES, share_weights=True)
+    assert _hit(shared) and shared.model.get_submodule(q).weight is c.get_submodule(q).weight
 
 
 def test_changed_config_misses_even_with_equal_parameter_shapes() -> None:
@@ -82,8 +86,10 @@ def test_attention_implementation_is_part_of_the_key() -> None:
 def test_input_spec_settings_and_mode_are_part_of_the_key() -> None:
     a = _bert()
     ForgeGraph(a, hf_input_names=NAMES)
-    # tracing with labels sets a.config.problem_type (HF does that on a first forward): a changed config misses
-    assert a.config.problem_type == "single_label_classification"
+    # tracing with labels sets config.problem_type (HF does that on a first forward), on the traced copy only
+    assert a.config.problem_type is None
+    assert _hit(ForgeGraph(a, hf_input_names=NAMES))
+    a.config.problem_type = "single_label_classification"  # a changed config misses
     assert not _hit(ForgeGraph(a, hf_input_names=NAMES))
     assert not _hit(ForgeGraph(a, hf_input_names=["input_ids", "attention_mask"]))
     assert not _hit(ForgeGraph(a, hf_input_names=NAMES, dynamic=False))

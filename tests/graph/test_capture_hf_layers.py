@@ -19,7 +19,7 @@ CONV1D = ("transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj", "transfo
 @pytest.fixture(scope="module")
 def gpt2() -> tuple[nn.Module, ForgeGraph]:
     model = tiny_hf("gpt2")
-    return model, ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"])
+    return model, ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"], share_weights=True)
 
 
 def test_conv1d_is_a_linear_call_module_sharing_hf_storage(gpt2: tuple[nn.Module, ForgeGraph]) -> None:
@@ -92,7 +92,7 @@ def test_resnet_conv_and_batchnorm_modules_follow_train_and_eval() -> None:
     got, want = mg(pixel_values=x).logits, twin(pixel_values=x).logits
     assert (got - want).abs().max() <= 1e-5
     name = next(n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d))
-    bn, bn_twin = model.get_submodule(name), twin.get_submodule(name)
+    bn, bn_twin = mg.model.get_submodule(name), twin.get_submodule(name)  # the graph's own copy of the layer
     assert torch.allclose(bn.running_mean, bn_twin.running_mean, atol=1e-6) and int(bn.num_batches_tracked) == 1
     mg.eval()
     twin.eval()
