@@ -36,13 +36,12 @@ def main(argv: list[str] | None = None) -> int:
 
     base = ForgeGraph(minilm_for_sequence_classification(seed=0), hf_input_names=HF_NAMES).eval()
     unfused = ForgeGraph(minilm_for_sequence_classification(seed=0), hf_input_names=HF_NAMES).eval()
-    passes.insert_lora_adapter_transform_pass(unfused, LORA_ARGS)
+    unfused, _ = passes.insert_lora_adapter_transform_pass(unfused, LORA_ARGS)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # stand-in for training: non-zero adapters
         for _, _, m in lora_layers(unfused.model):
             m.lora_B.normal_(0.0, 0.01, generator=gen)
-    fused = unfused.copy()
-    passes.fuse_lora_weights_transform_pass(fused)
+    fused, _ = passes.fuse_lora_weights_transform_pass(unfused)  # a new graph: unfused keeps its adapters
     inputs = {"input_ids": torch.randint(1000, 30000, (args.batch, args.seq), generator=gen),
               "attention_mask": torch.ones(args.batch, args.seq, dtype=torch.long),
               "labels": torch.zeros(args.batch, dtype=torch.long)}

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ours = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0),
                       hf_input_names=["input_ids", "attention_mask", "labels"])
-    _, info = passes.insert_lora_adapter_transform_pass(ours, {
+    ours, info = passes.insert_lora_adapter_transform_pass(ours, {
         "rank": args.rank, "alpha": args.alpha, "dropout": args.dropout, "targets": {"name": TARGETS},
         "trainable": {"name": "classifier"}})
     peft_model = get_peft_model(minilm_for_sequence_classification(num_labels=2, seed=0), LoraConfig(
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_adapters_into_peft(ours, peft_model)
     merged = peft_model.merge_and_unload()
     paths = [p for _, p, _ in lora_layers(ours.model)]
-    passes.fuse_lora_weights_transform_pass(ours)
+    ours, _ = passes.fuse_lora_weights_transform_pass(ours)
     diff = max((ours.model.get_submodule(p).weight - merged.get_submodule(p).weight).abs().max().item()
                for p in paths)
     bias = max((ours.model.get_submodule(p).bias - merged.get_submodule(p).bias).abs().max().item() for p in paths)

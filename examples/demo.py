@@ -81,7 +81,7 @@ def finetune(story: Story, mg: ForgeGraph, task: TextClassificationTask, out: Pa
         story.say(f"held-out accuracy {task.accuracy(mg):.3f}")
         return mg
     before = task.accuracy(mg)
-    _, info = passes.insert_lora_adapter_transform_pass(mg, LORA_ARGS)
+    mg, info = passes.insert_lora_adapter_transform_pass(mg, LORA_ARGS)
     story.say(f"rank-{LORA_ARGS['rank']} adapters on {len(info.adapted)} Linear layers + the head: "
               f"{info.trainable:,} of {info.total:,} parameters train ({info.trainable_percent:.2f}%)")
     t0 = time.perf_counter()
@@ -92,7 +92,7 @@ def finetune(story: Story, mg: ForgeGraph, task: TextClassificationTask, out: Pa
               f"{before:.3f} -> {after:.3f} ({n_eval} reviews)")
     batch = task.eval_batches()[0]
     unfused = logits(mg, batch)
-    passes.fuse_lora_weights_transform_pass(mg)
+    mg, _ = passes.fuse_lora_weights_transform_pass(mg)
     diff = (logits(mg, batch) - unfused).abs().max().item()
     story.check(after > before, "fine-tuning improved held-out accuracy")
     story.check(diff <= 1e-4, f"fusing keeps the outputs: max |fused - unfused| = {diff:.1e}")

@@ -113,7 +113,7 @@ def run_variant(mode: str, cfg: dict[str, Any]) -> dict[str, Any]:
                                     max_length=cfg["max_length"], limit=cfg["train"], test_limit=cfg["test"])
     mg = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0), hf_input_names=HF_NAMES)
     if mode == "lora":
-        passes.insert_lora_adapter_transform_pass(mg, LORA_ARGS)
+        mg, _ = passes.insert_lora_adapter_transform_pass(mg, LORA_ARGS)
     _, params = passes.report_trainable_parameters_analysis_pass(mg, {"show": False})
     timer = _step_timer()
     with tempfile.TemporaryDirectory() as out:
@@ -137,7 +137,7 @@ def run_variant(mode: str, cfg: dict[str, Any]) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             path = save_lora_adapters(mg, Path(tmp) / "adapter")
             result["adapter_kib"] = sum(f.stat().st_size for f in path.iterdir()) / 1024
-        passes.fuse_lora_weights_transform_pass(mg)
+        mg, _ = passes.fuse_lora_weights_transform_pass(mg)
         result["fused_accuracy"] = evaluate_accuracy(mg, ds["test"], tok)
         base = ForgeGraph(minilm_for_sequence_classification(num_labels=2, seed=0), hf_input_names=HF_NAMES)
         batch = tok.pad([{"input_ids": ds["test"][i]["input_ids"]} for i in range(cfg["batch"])],

@@ -68,7 +68,7 @@ def tune_fracs(base: ForgeGraph, width: int, val: list[dict[str, torch.Tensor]])
     for data_in in range(width - 6, width - 1):
         for weight in range(width - 3, width + 1):  # frac_width <= width
             fracs = (data_in, weight, data_in)
-            mg, _ = quantize_transform_pass(base.copy(), fixed_point(width, fracs))
+            mg, _ = quantize_transform_pass(base, fixed_point(width, fracs))
             acc = accuracy(mg, val)
             print(f"[tune] {width}-bit fracs (data_in, weight, bias) = {fracs}: validation accuracy {acc:.4f}")
             best = max(best, (acc, fracs))
@@ -204,7 +204,7 @@ def main() -> None:
     ptq_configs += [("scaled int8 (per-channel W, calibrated A)", SCALED_INT8), ("MXINT8", MXINT8),
                     ("FP8 E4M3", FP8_E4M3)]
     for name, cfg in ptq_configs:
-        mg, _ = quantize_transform_pass(base.copy(), cfg)
+        mg, _ = quantize_transform_pass(base, cfg)
         if cfg is SCALED_INT8:
             mg, _ = calibrate_transform_pass(mg, {"data": calib, "method": "minmax"})
         _, rep = quantization_report_analysis_pass(mg, {"data": calib[:2]})
@@ -212,7 +212,7 @@ def main() -> None:
                activation_bits=rep.avg_activation_bits)
     if not args.no_qat:
         for w in args.widths:
-            mg, _ = quantize_transform_pass(base.copy(), fixed_point(w))
+            mg, _ = quantize_transform_pass(base, fixed_point(w))
             start = time.time()
             mg = qat(mg.train(), args, ds, tokenizer)
             record(fixed_name(w), "QAT", mg, train_s=round(time.time() - start))
@@ -222,7 +222,7 @@ def main() -> None:
     timings = {}
     for label, cfg, backend in (("onednn, calibrated A, fused GELU", SCALED_INT8, "onednn"),
                                 ("fbgemm, dynamic A", INT8_DYNAMIC, "fbgemm")):
-        mg, _ = quantize_transform_pass(base.copy(), cfg)
+        mg, _ = quantize_transform_pass(base, cfg)
         if cfg is SCALED_INT8:
             mg, _ = calibrate_transform_pass(mg, {"data": calib, "method": "minmax"})
         mg, info = lower_int8_transform_pass(mg, {"backend": backend, "strict": True})
