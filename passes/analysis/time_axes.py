@@ -41,6 +41,19 @@ class _SymbolicRun(fx.Interpreter):
         self.shape_env, self.time_size, self.input_name = env, time_size, name
         self.axes: dict[fx.Node, tuple[int, ...]] = {}
 
+    def call_module(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A linear layer whose kernel has no fake implementation (the int8-lowered onednn one) maps the last
+        axis only: its output is a stand-in of the input's leading (symbolic) dims and ``out_features``."""
+        try:
+            return super().call_module(target, args, kwargs)
+        except Exception:
+            module = self.module.get_submodule(str(target))
+            x = args[0] if args else None
+            if getattr(module, "fxforge_op", None) != "linear" or not isinstance(x, torch.Tensor) \
+                    or not isinstance(getattr(module, "out_features", None), int):
+                raise
+            return x.new_empty((*x.shape[:-1], module.out_features))
+
     def run_node(self, n: fx.Node) -> Any:
         try:
             out = super().run_node(n)

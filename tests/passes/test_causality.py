@@ -127,3 +127,19 @@ def test_square_scores_checked_on_both_time_axes(causal: bool) -> None:
     assert rec is not None and rec.time_axes == (1, 2) and rec.leak == 0.0
     assert info.causal is causal, describe(info)
     assert info.first_leaking_node == (None if causal else "softmax")
+
+
+def test_int8_lowered_graph_followed_through_its_linear_kernels() -> None:
+    """The lowered int8 kernel has no fake implementation: a linear layer maps only the last axis, so the time
+    axis still reaches every node after it (and the pad2n leak is still found)."""
+    from pass_cases import INT8_LINEAR
+
+    for causality, causal in (("causal", True), ("pad2n", False)):
+        mg = _issue_gpt("afno", 32, afno_causality=causality)
+        mg, _ = passes.quantize_transform_pass(mg, INT8_LINEAR)
+        mg, _ = passes.calibrate_transform_pass(mg, {"data": [mg.example_inputs.args[0]]})
+        mg, _ = passes.lower_int8_transform_pass(mg)
+        mg, info = passes.causality_analysis_pass(mg, {"jacobian": False})
+        assert info.causal is causal, describe(info)
+        rec = mg.meta(mg.node("lm_head")).software.get(CausalityRecord)
+        assert rec is not None and rec.time_axes == (1,)
