@@ -15,12 +15,13 @@ import errno
 import hashlib
 import json
 import os
-import re
 import secrets
 import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .targets import CheckpointError
 
@@ -30,7 +31,9 @@ MANIFEST = "manifest.json"
 MAX_JSON_BYTES = 256 * 2**20
 MAX_MANIFEST_BYTES = 2**20
 MAX_JSON_DEPTH = 64
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_SCAN_CHUNK = 1 << 20  # bytes per step of json_depth
+_STEPS = np.zeros(256, dtype=np.int8)
+_STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
 # Test hook: called with the name of each step of a write (crash tests kill the writer there).
 STEP_HOOK: Callable[[str], None] | None = None
 
@@ -50,14 +53,38 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def json_depth(data: bytes) -> int:
+    """How deep the brackets of JSON text nest outside its strings: one linear pass, in chunks, in numpy.
+
+    A byte is escaped when an odd run of backslashes precedes it; an unescaped quote toggles "inside a
+    string"; brackets count outside strings only. Nothing backtracks or restarts (a regular expression
+    stripping strings was quadratic on a long unterminated run of escaped quotes), and memory stays at a
+    few chunk-sized arrays whatever the input holds.
+    """
+    deepest = depth = run = quotes = 0  # carried across chunks: depth, backslash-run parity, quote parity
+    for start in range(0, len(data), _SCAN_CHUNK):
+        x = np.frombuffer(data, dtype=np.uint8, count=min(_SCAN_CHUNK, len(data) - start), offset=start)
+        quote, step = x == ord('"'), _STEPS[x]
+        backslash = x == ord("\\")
+        if run or backslash.any():
+            index = np.arange(len(x), dtype=np.int32)
+            last_plain = np.maximum.accumulate(np.where(backslash, np.int32(-1 - run), index))
+            escaped = (index - np.concatenate(([np.int32(-1 - run)], last_plain[:-1]))) & 1 == 0
+            quote &= ~escaped  # odd run of backslashes just before: index - 1 - last_plain_before is odd
+            step[escaped] = 0
+            run = (len(x) - 1 - int(last_plain[-1])) & 1
+        inside = (np.cumsum(quote, dtype=np.int32) + quotes) & 1 == 1
+        step[inside | quote] = 0
+        levels = np.cumsum(step, dtype=np.int64) + depth
+        deepest, depth, quotes = max(deepest, int(levels.max())), int(levels[-1]), int(inside[-1])
+    return deepest
+
+
 def loads_json(data: bytes, what: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """Parse JSON bytes with bounded size and nesting depth; duplicate keys and NaN literals refused."""
     if len(data) > max_bytes:
         raise CheckpointError(f"{what}: {len(data)} bytes is larger than the {max_bytes} allowed")
-    depth = deepest = 0
-    for ch in _STRINGS.sub(b"", data).translate(None, delete=bytes(set(range(256)) - set(b"[]{}"))):
-        depth += 1 if ch in b"[{" else -1
-        deepest = max(deepest, depth)
+    deepest = json_depth(data)
     if deepest > MAX_JSON_DEPTH:
         raise CheckpointError(f"{what}: JSON nested {deepest} deep (at most {MAX_JSON_DEPTH} allowed)")
 
