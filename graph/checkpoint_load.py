@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+from torch.utils._pytree import TreeSpec
 
 from . import targets
 from .atomic import loads_json, read_verified
@@ -194,13 +195,16 @@ def _codegen(graph: fx.Graph, codegen: Any, version: int) -> None:
     orig_args = codegen["orig_args"]
     if not isinstance(orig_args, list) or not all(is_identifier(a) and a != "self" for a in orig_args):
         raise CheckpointError("codegen orig_args must be identifiers")
-    specs = {}
+    specs: dict[str, TreeSpec | None] = {}
     for key in ("in_spec", "out_spec"):
         doc = codegen[key]
         if doc is not None and version == 1:
             doc = translate_v1_spec(doc, f"codegen {key} (schema 1)")
         specs[key] = None if doc is None else decode_spec(doc, f"codegen {key}")
-    graph._codegen = _PyTreeCodeGen(_PyTreeInfo(list(orig_args), specs["in_spec"], specs["out_spec"]))
+    in_spec = specs["in_spec"]
+    if in_spec is None:  # torch's generated forward() flattens its arguments through it
+        raise CheckpointError("pytree codegen needs an in_spec")
+    graph._codegen = _PyTreeCodeGen(_PyTreeInfo(list(orig_args), in_spec, specs["out_spec"]))
 
 
 def _build_graph(gm: fx.GraphModule, doc: dict[str, Any], version: int) -> fx.Graph:
@@ -213,8 +217,9 @@ def _build_graph(gm: fx.GraphModule, doc: dict[str, Any], version: int) -> fx.Gr
             raise CheckpointError("each node must be a JSON object")
         name, op, target = entry.get("name"), entry.get("op"), entry.get("target")
         where, kwargs = f"node {name!r}"[:120], entry.get("kwargs", {})
-        check_node_name(name, where)
-        if not isinstance(target, str) or not isinstance(kwargs, dict) or not all(is_identifier(k) for k in kwargs):
+        name = check_node_name(name, where)
+        if not isinstance(op, str) or not isinstance(target, str) or not isinstance(kwargs, dict) \
+                or not all(is_identifier(k) for k in kwargs):
             raise CheckpointError(f"{where}: malformed node (names and keywords must be identifiers)")
         args = decode_value(entry.get("args", []), where, env)
         if not isinstance(args, list):

@@ -30,11 +30,12 @@ def check_path(path: Any, where: str) -> list[str]:
     return parts
 
 
-def check_node_name(name: Any, where: str) -> None:
-    """Refuse a node name that is not an identifier, is a keyword, or is bound by the generated forward()."""
-    if not is_identifier(name) or name in _RESERVED_NODE_NAMES:
+def check_node_name(name: Any, where: str) -> str:
+    """``name`` itself; refused when it is not an identifier, is a keyword, or is bound by the generated forward()."""
+    if not isinstance(name, str) or not is_identifier(name) or name in _RESERVED_NODE_NAMES:
         raise CheckpointError(f"{where}: malformed node (names and keywords must be identifiers, not "
                               f"{sorted(_RESERVED_NODE_NAMES)})")
+    return name
 
 
 def join(prefix: str, name: str) -> str:
@@ -84,7 +85,7 @@ def decode_value(d: Any, where: str, env: Env) -> Any:
     tag = d.get("$")
     if tag in ("node", "tensor"):
         key = d.get("name" if tag == "node" else "key")
-        if (tag, key) not in env:
+        if not isinstance(key, str) or (tag, key) not in env:
             raise CheckpointError(f"{where}: reference to unknown {tag} {key!r} (must be defined earlier)")
         return env[(tag, key)]
     if tag in _NAMED:

@@ -36,12 +36,12 @@ def refuse_grad_mode_switches() -> Iterator[None]:
     original = torch._C._set_grad_enabled
     owner = threading.get_ident()
 
-    def switch(mode: bool, *args: Any, **kwargs: Any) -> Any:
+    def switch(enabled: bool, *args: Any, **kwargs: Any) -> Any:  # torch's parameter name, so it type-checks
         if threading.get_ident() == owner:
             raise GradModeSwitchError(
-                f"the forward switches grad mode (torch.set_grad_enabled({bool(mode)}), e.g. torch.no_grad() or "
+                f"the forward switches grad mode (torch.set_grad_enabled({bool(enabled)}), e.g. torch.no_grad() or "
                 "torch.enable_grad()), which a torch.fx trace would silently drop")
-        return original(mode, *args, **kwargs)
+        return original(enabled, *args, **kwargs)
 
     torch._C._set_grad_enabled = switch
     try:

@@ -47,8 +47,8 @@ def _label_shape(model: nn.Module, batch: int, seq: int) -> tuple[int, ...]:
 
 def _config_int(config: Any, name: str, default: int | None, why: str) -> int:
     value = getattr(config, name, None)
-    if isinstance(value, list | tuple) and value:
-        value = value[0]
+    if isinstance(value, list | tuple):
+        value = value[0] if value else None
     if value is None:
         if default is None:
             raise ValueError(f"cannot build dummy inputs for {type(config).__name__}: it has no {name!r} ({why}); "

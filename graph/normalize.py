@@ -255,7 +255,11 @@ def _lift_activation(gm: fx.GraphModule, model: nn.Module, node: fx.Node, sizes:
 
 
 def _dropout_p(node: fx.Node) -> float:
-    return float(node.args[1]) if len(node.args) > 1 else float(node.kwargs.get("p", 0.5))
+    """The probability a dropout call was given (positional or ``p=``; 0.5 when left out)."""
+    p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+    if not isinstance(p, int | float):
+        raise TypeError(f"dropout node {node.name!r} has probability {p!r}: expected a number")
+    return float(p)
 
 
 def _dropout_on(node: fx.Node) -> bool:

@@ -28,18 +28,21 @@ REGION_OPS = frozenset({_SET_GRAD, _AUTOCAST})
 
 def is_hf_conv1d(module: nn.Module) -> bool:
     """True for transformers' ``pytorch_utils.Conv1D`` (or a subclass keeping its forward)."""
-    base = next((c for c in type(module).__mro__
-                 if c.__name__ == "Conv1D" and c.__module__ == "transformers.pytorch_utils"), None)
+    base = next((c for c in type(module).__mro__ if issubclass(c, nn.Module)
+                 and c.__name__ == "Conv1D" and c.__module__ == "transformers.pytorch_utils"), None)
     return base is not None and type(module).forward is base.forward
 
 
 def linear_from_conv1d(conv: nn.Module) -> nn.Linear:
     """An nn.Linear computing exactly what HF's Conv1D computes, sharing its storage (weight transposed)."""
-    weight = conv.weight
+    weight, bias = conv.weight, conv.bias
+    if not isinstance(weight, torch.Tensor) or not (bias is None or isinstance(bias, nn.Parameter)):
+        raise TypeError(f"{type(conv).__name__} is not an HF Conv1D: its weight is not a tensor or its bias "
+                        "not a parameter")
     linear = nn.Linear(1, 1, bias=False, device="meta")
     linear.in_features, linear.out_features = int(weight.shape[0]), int(weight.shape[1])
     linear.weight = nn.Parameter(weight.detach().t(), requires_grad=weight.requires_grad)
-    linear.bias = conv.bias
+    linear.bias = bias
     linear.train(conv.training)
     return linear
 

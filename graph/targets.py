@@ -366,8 +366,8 @@ _simple(nn.Softmax, "dim")
 _simple(nn.LogSoftmax, "dim")
 for _cls in (nn.Tanh, nn.Sigmoid, nn.Identity):
     _simple(_cls)
-for _cls in (nn.Module, nn.ModuleList, nn.ModuleDict, nn.Sequential):
-    register_module(_cls, name=f"torch.nn.{_cls.__name__}")
+for _container in (nn.Module, nn.ModuleList, nn.ModuleDict, nn.Sequential):
+    register_module(_container, name=f"torch.nn.{_container.__name__}")
 register_module(
     ScaledDotProductAttention,
     lambda m: {"dropout_p": m.dropout_p, "is_causal": m.is_causal, "scale": m.scale, "enable_gqa": m.enable_gqa},
