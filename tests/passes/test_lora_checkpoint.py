@@ -62,9 +62,6 @@ def _rewrite(path: Path, config: dict | None = None, weights: dict | None = None
 
 def test_adapter_checkpoint_round_trip(base_graph: ForgeGraph, tmp_path: Path) -> None:
     mg = _trained(base_graph)
-    bias = mg.model.get_submodule("bert.encoder.layer.0.attention.self.query").base.bias
-    with torch.no_grad():  # an adapted layer's bias trained too (LoRA + BitFit): saved as an extra
-        bias.requires_grad_(True).add_(0.5)
     inputs = bert_inputs()
     with torch.no_grad():
         expected = mg(**inputs).logits
@@ -72,13 +69,13 @@ def test_adapter_checkpoint_round_trip(base_graph: ForgeGraph, tmp_path: Path) -
     assert sorted(f.name for f in path.iterdir()) == sorted([CONFIG, WEIGHTS, MANIFEST])
     stored = safetensors.torch.load_file(str(path / WEIGHTS))
     assert set(stored) == {f"{p}.lora_{x}" for _, p, _ in lora_layers(mg.model) for x in "AB"} | {
-        "classifier.weight", "classifier.bias", "bert.encoder.layer.0.attention.self.query.base.bias"}
+        "classifier.weight", "classifier.bias"}
     fresh = ForgeGraph(make_tiny_bert(), hf_input_names=HF_NAMES).eval()
     with torch.no_grad():
         assert (fresh(**inputs).logits - expected).abs().max() > 1e-3
     fresh, info = load_lora_adapters(fresh, path)
-    assert len(info["adapted"]) == 10 and info["extras"] == [
-        "bert.encoder.layer.0.attention.self.query.base.bias", "classifier.weight", "classifier.bias"]
+    assert len(info["adapted"]) == 10 and info["modules_to_save"] == ["classifier"]
+    assert info["extras"] == ["classifier.weight", "classifier.bias"]
     with torch.no_grad():
         assert (fresh(**inputs).logits - expected).abs().max() <= 1e-6
     ranks = {p: m.rank for _, p, m in lora_layers(fresh.model)}
@@ -166,3 +163,15 @@ def test_adapted_graph_survives_export_and_reload(base_graph: ForgeGraph, tmp_pa
     loaded, _ = passes.fuse_lora_weights_transform_pass(loaded)
     with torch.no_grad():
         assert (loaded(**inputs).logits - expected.logits).abs().max() <= 1e-5
+
+
+def test_an_adapted_layers_trained_bias_is_refused_not_dropped(base_graph: ForgeGraph, tmp_path: Path) -> None:
+    """LoRA + BitFit on an adapted layer: its bias is the frozen base the fingerprint covers, so an adapter
+    checkpoint cannot carry it; save says so (instead of writing an adapter that replaces base weights)."""
+    mg = _trained(base_graph)
+    mg.model.get_submodule("bert.encoder.layer.0.attention.self.query").base.bias.requires_grad_(True)
+    with pytest.raises(LoraCheckpointError, match=r"query.base.bias'\] are trainable but neither"):
+        save_lora_adapters(mg, tmp_path / "a")
+    path = save_lora_adapters(mg, tmp_path / "a", include_trainable=False)  # the adapters alone
+    assert set(safetensors.torch.load_file(str(path / WEIGHTS))) == {
+        f"{p}.lora_{x}" for _, p, _ in lora_layers(mg.model) for x in "AB"}

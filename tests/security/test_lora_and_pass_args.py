@@ -157,3 +157,62 @@ def test_lora_rank_beyond_the_layer_is_refused_before_touching_the_graph(base: F
 def test_non_module_classes_are_not_selectors(base: ForgeGraph, selector: Any) -> None:
     with pytest.raises(PassArgsError, match="'targets'"):
         passes.insert_lora_adapter_transform_pass(base.copy(), {"targets": selector})
+
+
+# issue 26, item 4: an adapter holds its own trainable tensors only ------------------------------------------
+def _add_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    weights = safetensors.torch.load((path / WEIGHTS).read_bytes())
+    rewrite(path, WEIGHTS, safetensors.torch.save({**weights, **tensors}))
+
+
+def test_extras_naming_an_unrelated_base_weight_are_refused(base: ForgeGraph, tmp_path: Path) -> None:
+    mg, _ = passes.insert_lora_adapter_transform_pass(base.copy(), {"rank": 2, "targets": {"name": ["fc"]}})
+    path = save_lora_adapters(mg, tmp_path / "fc-only")
+    edit_json(path, CONFIG, lambda c: c["extras"].append("out.weight"))
+    _add_tensors(path, {"out.weight": torch.zeros(3, 8)})
+    _refused(base, path, r"'out.weight'")
+
+
+def test_base_weights_listed_as_extras_stay_in_the_fingerprint(base: ForgeGraph, adapters: Path) -> None:
+    import hashlib
+
+    def edit(c: dict[str, Any]) -> None:
+        c["extras"] += ["fc.base.weight", "fc.base.bias"]
+        c["layers"][0]["base_sha256"] = hashlib.sha256(b"").hexdigest()  # the fingerprint of nothing
+    edit_json(adapters, CONFIG, edit)
+    _add_tensors(adapters, {"fc.base.weight": torch.zeros(8, 4), "fc.base.bias": torch.zeros(8)})
+    _refused(base, adapters, r"fc: base weights differ")  # the fingerprint still covers fc's weight and bias
+    with pytest.raises(LoraCheckpointError, match=r"\['fc.base.bias', 'fc.base.weight'\] are not theirs"):
+        load_lora_adapters(base.copy(), adapters, check_base=False)  # and never are extras
+
+
+@pytest.mark.parametrize("kept", ["fc", "fc.base", "", "nowhere"])
+def test_modules_to_save_cannot_reach_an_adapted_layer(base: ForgeGraph, adapters: Path, kept: str) -> None:
+    def edit(c: dict[str, Any]) -> None:
+        c["modules_to_save"] = [kept]
+    edit_json(adapters, CONFIG, edit)
+    _refused(base, adapters, "modules_to_save")
+
+
+def test_modules_to_save_round_trip(base: ForgeGraph, tmp_path: Path) -> None:
+    mg, _ = passes.insert_lora_adapter_transform_pass(base.copy(), {"rank": 2, "targets": {"name": ["fc"]},
+                                                                    "trainable": {"name": ["out"]}})
+    with torch.no_grad():
+        mg.model.fc.lora_B.normal_(generator=torch.Generator().manual_seed(1))
+        mg.model.out.weight.add_(1.0)
+    path = save_lora_adapters(mg, tmp_path / "kept")
+    config = json.loads((path / CONFIG).read_text())
+    assert config["modules_to_save"] == ["out"] and config["extras"] == ["out.weight", "out.bias"]
+    loaded, info = load_lora_adapters(base.copy(), path)
+    x = torch.randn(2, 4)
+    assert torch.equal(loaded(x=x), mg(x=x)) and info["modules_to_save"] == ["out"]
+    assert {n for n, p in loaded.model.named_parameters() if p.requires_grad} == {
+        "fc.lora_A", "fc.lora_B", "out.weight", "out.bias"}
+
+
+def test_a_trained_base_weight_of_an_adapted_layer_is_not_saved_as_an_extra(base: ForgeGraph, tmp_path: Path) -> None:
+    mg, _ = passes.insert_lora_adapter_transform_pass(base.copy(), {"rank": 2, "targets": {"name": ["fc", "out"]}})
+    mg.model.fc.base.bias.requires_grad_(True)
+    with pytest.raises(LoraCheckpointError, match=r"fc.base.bias.*modules_to_save"):
+        save_lora_adapters(mg, tmp_path / "bitfit")
+    assert not (tmp_path / "bitfit").exists()
