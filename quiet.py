@@ -30,15 +30,11 @@ def quiet(progress_bars: bool = False) -> Iterator[None]:
     """Within the block: third-party loggers at ERROR, HF progress bars off (unless asked), known warnings ignored."""
     loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
     levels = [lg.level for lg in loggers]
-    bars = None
-    try:
-        from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # a dependency: always installed
 
-        bars = hf_logging.is_progress_bar_enabled()
-        if not progress_bars:
-            hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        hf_logging = None
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress_bars:
+        hf_logging.disable_progress_bar()
     ds_bars = None
     try:
         from datasets.utils import logging as ds_logging
@@ -58,7 +54,7 @@ def quiet(progress_bars: bool = False) -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
-        if hf_logging is not None and bars:
+        if bars:
             hf_logging.enable_progress_bar()
         if ds_logging is not None and ds_bars:
             ds_logging.enable_progress_bar()

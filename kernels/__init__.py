@@ -26,5 +26,5 @@ else:  # pragma: no cover - depends on how Python was started
     # Run from the repository root, this folder is also importable as a top-level ``kernels``, a name
     # transformers probes for (the HF kernels package): that copy stays empty instead of registering
     # the custom ops a second time (which corrupted the dispatcher and crashed the Triton interpreter).
-    __all__: list[str] = []
+    __all__ = []
 

@@ -33,6 +33,8 @@ CAUSALITY_MODES = ("none", "pad2n", "causal")
 class AFNO1D(nn.Module):
     """AFNO token mixer over dim 1 of a ``(batch, tokens, hidden)`` tensor; output has the input's shape."""
 
+    tap_mask: torch.Tensor  # a buffer, in causal mode: which kernel taps are kept
+
     def __init__(
         self,
         hidden_size: int,

@@ -64,8 +64,8 @@ def tiny_bert(
         num_attention_heads=num_attention_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
-        num_labels=num_labels,
     )
+    config.num_labels = num_labels  # a property (id2label), not an __init__ parameter of transformers' config
     torch.manual_seed(seed)
     return BertForSequenceClassification(config)
 

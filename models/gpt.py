@@ -66,6 +66,9 @@ class GPTConfig:
 class Rotary(nn.Module):
     """Rotary position embedding tables (cos, sin) precomputed for ``max_len`` positions."""
 
+    cos: torch.Tensor  # buffers, (max_len, head_dim / 2)
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0) -> None:
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))

@@ -74,10 +74,14 @@ def record_node(node: fx.Node, gm: fx.GraphModule, args: tuple[Any, ...], kwargs
 class _Recorder(fx.Interpreter):
     """Runs the graph once and records every node's values."""
 
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.gm = gm  # Interpreter.module is typed as any nn.Module; record_node reads a GraphModule
+
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n) if n.op not in ("placeholder", "get_attr") else ((), {})
-        record_node(n, self.module, args, kwargs, result)
+        record_node(n, self.gm, args, kwargs, result)
         return result
 
 
