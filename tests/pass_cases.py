@@ -82,13 +82,15 @@ def case(name: str) -> PassCase:
     return CASES[name]
 
 
-def run_case(graph: ForgeGraph, name: str, data: list[dict[str, torch.Tensor]], setup: bool = True) -> Any:
-    """Run ``name`` (after its setup passes when ``setup``) on ``graph``; returns the pass's info."""
+def run_case(graph: ForgeGraph, name: str, data: list[dict[str, torch.Tensor]],
+             setup: bool = True) -> tuple[ForgeGraph, Any]:
+    """Run ``name`` (after its setup passes when ``setup``) on ``graph``; returns the new graph and the pass's
+    info (a transform leaves ``graph`` as it was)."""
     c = case(name)
     if setup:
         for pre, args in c.setup:
-            PASSES[pre](graph, args(data))
-    return PASSES[name](graph, c.args(data))[1]
+            graph, _ = PASSES[pre](graph, args(data))
+    return PASSES[name](graph, c.args(data))
 
 
 def registered(kind: str | None = None) -> list[str]:

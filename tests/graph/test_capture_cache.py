@@ -131,7 +131,7 @@ def test_plain_attributes_are_keyed_and_unknown_values_disable_the_cache() -> No
 def test_transforming_a_hit_leaves_the_cache_clean() -> None:
     ForgeGraph(_bert(), hf_input_names=NAMES)
     hit = ForgeGraph(_bert(seed=1), hf_input_names=NAMES)
-    passes.insert_lora_adapter_transform_pass(hit, {"rank": 2})
+    hit, _ = passes.insert_lora_adapter_transform_pass(hit, {"rank": 2})
     again = ForgeGraph(_bert(seed=2), hf_input_names=NAMES)
     assert _hit(again)
     assert not any("lora" in type(m).__name__.lower() for m in again.model.modules())

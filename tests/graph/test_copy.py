@@ -80,15 +80,15 @@ def test_copy_shares_no_mutable_state(base: ForgeGraph) -> None:
 def test_every_pass_on_a_copy_leaves_the_original_unchanged(base: ForgeGraph, name: str) -> None:
     before = snapshot(base)
     cp = base.copy()
-    run_case(cp, name, DATA)
+    cp, _ = run_case(cp, name, DATA)
     with torch.no_grad():
-        cp(**DATA[0])  # the copy still runs
+        cp(**DATA[0])  # the result still runs
     assert_same(before, snapshot(base))
 
 
 def test_lora_on_a_copy_keeps_the_originals_metadata_through_export(base: ForgeGraph, tmp_path: Path) -> None:
     cp = base.copy()
-    insert_lora_adapter_transform_pass(cp, {"rank": 2})
+    cp, _ = insert_lora_adapter_transform_pass(cp, {"rank": 2})
     assert get_meta(cp.node("classifier")).common.op == "lora_linear"
     meta = get_meta(base.node("classifier")).common
     assert type(base.model.get_submodule("classifier")) is nn.Linear
@@ -107,7 +107,7 @@ def test_tutorial_loop_quantizes_a_fresh_copy_per_trial(base: ForgeGraph) -> Non
         cfg = {"by": "type", "linear": {"config": {"name": "integer", "data_in_width": width,
                                                    "data_in_frac_width": width - 3, "weight_width": width,
                                                    "weight_frac_width": width - 1}}}
-        _, info = quantize_transform_pass(trial, cfg)
+        trial, info = quantize_transform_pass(trial, cfg)
         assert info["quantized_nodes"] == 14
         rec = get_meta(trial.node("classifier")).software.get(QuantizationRecord)
         assert rec is not None and rec.config["weight_width"] == width

@@ -13,14 +13,14 @@ from fxforge.passes.select import select_modules
 def test_freeze_embeddings_by_name_then_unfreeze(tiny_bert: nn.Module) -> None:
     mg = ForgeGraph(tiny_bert)
     total = sum(p.numel() for p in tiny_bert.parameters())
-    _, info = passes.freeze_transform_pass(mg, {"targets": {"name": "embeddings"}})
+    mg, info = passes.freeze_transform_pass(mg, {"targets": {"name": "embeddings"}})
     emb = sum(p.numel() for p in tiny_bert.bert.embeddings.parameters())  # tables and the LayerNorm
     assert info.modules == ["bert.embeddings"] and info.parameters == emb
     _, report = passes.report_trainable_parameters_analysis_pass(mg, {"show": False})
     assert report.frozen == emb and report.trainable == total - emb
     rows = {r["module"]: r for r in report["rows"]}
     assert rows["bert.embeddings.LayerNorm"]["trainable"] == 0 and rows["classifier"]["frozen"] == 0
-    _, info = passes.unfreeze_transform_pass(mg, {"targets": {"type": "embedding"}})
+    mg, info = passes.unfreeze_transform_pass(mg, {"targets": {"type": "embedding"}})
     assert len(info["modules"]) == 3 and not mg.model.get_submodule("bert.embeddings.LayerNorm").weight.requires_grad
     assert mg.model.get_submodule("bert.embeddings.word_embeddings").weight.requires_grad
     assert [r.name for r in mg.history] == ["freeze_transform_pass", "report_trainable_parameters_analysis_pass",
@@ -29,7 +29,7 @@ def test_freeze_embeddings_by_name_then_unfreeze(tiny_bert: nn.Module) -> None:
 
 def test_freeze_by_regex_type_and_exclude() -> None:
     mg = ForgeGraph(make_gpt("attn"))
-    _, info = passes.freeze_transform_pass(mg, {"targets": {"regex": r"blocks\.0\..*", "type": "layer_norm"},
+    mg, info = passes.freeze_transform_pass(mg, {"targets": {"regex": r"blocks\.0\..*", "type": "layer_norm"},
                                                 "exclude": {"name": "ln_f"}})
     assert "blocks.0" not in info["modules"] and "blocks.0.mixer.c_attn" in info["modules"]
     assert "blocks.1.ln1" in info["modules"] and "ln_f" not in info["modules"]
@@ -52,7 +52,7 @@ def test_freeze_errors_name_the_problem(tiny_bert: nn.Module) -> None:
 
 def test_report_after_lora_lists_adapters(tiny_bert: nn.Module, capsys: pytest.CaptureFixture[str]) -> None:
     mg = ForgeGraph(tiny_bert)
-    _, lora = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "targets": {"name": ["query", "value"]},
+    mg, lora = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "targets": {"name": ["query", "value"]},
                                                              "trainable": {"name": "classifier"}})
     _, report = passes.report_trainable_parameters_analysis_pass(mg)
     out = capsys.readouterr().out
