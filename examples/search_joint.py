@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--train-size", type=int, default=2000)
     p.add_argument("--eval-size", type=int, default=500)
+    p.add_argument("--max-length", type=int, default=128, help="tokens kept per review")
     p.add_argument("--trial-train-size", type=int, default=None,
                    help="reviews each trial fine-tunes on (default: --train-size)")
     p.add_argument("--run-dir", default="out/search-joint")
@@ -103,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true")
     args = p.parse_args(argv)
     run = Path(args.run_dir)
-    base = finetuned_minilm(run, imdb_task(args.train_size, args.eval_size))
+    base = finetuned_minilm(run, imdb_task(args.train_size, args.eval_size, args.max_length))
     # the trials' short fine-tune: LoRA wants a larger step than the base's full fine-tune
     lr = args.trial_lr if args.trial_lr is not None else (3e-4 if args.recipe == "lora" else 1e-4)
-    task = imdb_task(args.trial_train_size or args.train_size, args.eval_size, lr=lr)
+    task = imdb_task(args.trial_train_size or args.train_size, args.eval_size, args.max_length, lr=lr)
     if args.recipe != "lora":  # data by reference: the teacher is the unpruned base, not part of the plan
         task.train_args.update(teacher=base, distill={"alpha": 0.5, "temperature": 2.0})
         enqueue = [uniform(4, args.recipe, 0.5, 0.25), uniform(4, args.recipe, 0.75, 0.25),
