@@ -37,6 +37,7 @@ from .checkpoint_values import check_node_name, check_path, encode_value, join
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import get_meta, has_meta
 from .reference_outputs import outputs_of
+from .stored_writes import StoredReach
 from .targets import CheckpointError, is_identifier
 from .treespec import encode_spec
 
@@ -160,6 +161,12 @@ def save_checkpoint(mg: ForgeGraph, path: str | Path) -> Path:
     path, gm = Path(path), mg.model
     state, tensors = _collect_state(gm)
     nodes = [_node_json(n, gm, {e["name"] for e in state["tensors"]}) for n in gm.graph.nodes]
+    reach = StoredReach(gm)  # the loader's rule, checked before anything is written
+    for n in gm.graph.nodes:
+        try:
+            reach.add(n)
+        except CheckpointError as exc:
+            raise CheckpointError(f"node {n.name!r} ({n.op} {n.target}): {exc}") from None
     files: dict[str, bytes] = {}
     inputs_doc = None
     if mg.example_inputs is not None:

@@ -25,6 +25,7 @@ from .checkpoint_values import Env, check_node_name, check_path, decode_value, j
 from .inputs import ExampleInputs
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import NodeMeta, set_meta
+from .stored_writes import StoredReach
 from .targets import CheckpointError, is_identifier
 from .treespec import decode_spec, translate_v1_spec
 
@@ -144,18 +145,9 @@ def _target(gm: fx.GraphModule, op: str, target: Any, args: tuple[Any, ...], kwa
     """The object a node calls or names, through the allowlist only (strings for non-call ops)."""
     if op == "call_function":
         targets.check_call(target, args, kwargs)
-        fn = targets.resolve_function(target)
-        if isinstance(fn, torch._ops.OpOverload):
-            schema = fn._schema.arguments
-            written = [a for a, s in zip(args, schema) if s.alias_info is not None and s.alias_info.is_write]
-        else:
-            written = list(args[:1]) if target.endswith("_") and not target.endswith("__") else []
-        _refuse_parameter_writes(gm, target, written)
-        return fn
+        return targets.resolve_function(target)
     if op == "call_method":
-        name = targets.check_method(target)
-        _refuse_parameter_writes(gm, name, list(args[:1]) if name.endswith("_") else [])
-        return name
+        return targets.check_method(target)
     if op in ("call_module", "get_attr"):
         *parents, attr = check_path(target, "target")
         owner = gm.get_submodule(".".join(parents))
@@ -170,16 +162,6 @@ def _target(gm: fx.GraphModule, op: str, target: Any, args: tuple[Any, ...], kwa
     if op == "output" and target == "output":
         return target
     raise CheckpointError(f"bad {op} target {target!r}"[:300])
-
-
-def _refuse_parameter_writes(gm: fx.GraphModule, what: str, written: list[Any]) -> None:
-    """In-place ops on a stored parameter would change the weights (or their autograd state) at every call."""
-    for arg in written:
-        if isinstance(arg, fx.Node) and arg.op == "get_attr":
-            *parents, attr = check_path(arg.target, "target")
-            if attr in gm.get_submodule(".".join(parents))._parameters:
-                raise CheckpointError(f"in-place {what!r} on parameter {arg.target!r} is not allowed: it would "
-                                      "change the model's weights or their autograd state when the graph runs")
 
 
 def _codegen(graph: fx.Graph, codegen: Any, version: int) -> None:
@@ -209,7 +191,7 @@ def _codegen(graph: fx.Graph, codegen: Any, version: int) -> None:
 
 def _build_graph(gm: fx.GraphModule, doc: dict[str, Any], version: int) -> fx.Graph:
     """Recreate every node with ``graph.create_node`` and restore the pytree calling convention."""
-    graph, env = fx.Graph(), Env()
+    graph, env, reach = fx.Graph(), Env(), StoredReach(gm)
     if not isinstance(doc["nodes"], list):
         raise CheckpointError("'nodes' must be a list")
     for entry in doc["nodes"]:
@@ -227,9 +209,10 @@ def _build_graph(gm: fx.GraphModule, doc: dict[str, Any], version: int) -> fx.Gr
         kwargs = {k: decode_value(v, where, env) for k, v in kwargs.items()}
         try:
             fn = _target(gm, op, target, tuple(args), kwargs)
+            node = graph.create_node(op, fn, tuple(args), kwargs, name=name)
+            reach.add(node)  # what the node can reach: never a write to a stored tensor, never a module value
         except (CheckpointError, AttributeError) as exc:
             raise CheckpointError(f"{where} ({op} {target!r}): {exc}"[:600]) from None
-        node = graph.create_node(op, fn, tuple(args), kwargs, name=name)
         if node.name != name:
             raise CheckpointError(f"{where}: name is taken or reserved (became {node.name!r})")
         env[("node", name)] = node
