@@ -19,6 +19,7 @@ mask_free_activations_transform_pass (``--no-mask-free`` leaves it out).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 import torch
@@ -55,10 +56,18 @@ def build(length: int, args: argparse.Namespace) -> dict[str, nn.Module]:
         assert masks.rewritten == {"relu": args.n_layer, "softshrink": args.n_layer}, masks
     return {
         "afno-eager": gpt("afno"),
-        "afno-compiled": torch.compile(gpt("afno"), dynamic=False, mode=args.mode),
-        "afno-real-compiled": torch.compile(mg.model, dynamic=False, mode=args.mode),
+        "afno-compiled": compiled_module(gpt("afno"), args.mode),
+        "afno-real-compiled": compiled_module(mg.model, args.mode),
         "attn-eager": gpt("attn"),
     }
+
+
+def compiled_module(model: nn.Module, mode: str) -> nn.Module:
+    """``torch.compile(model)``: an OptimizedModule, an nn.Module (torch annotates the result as a Callable)."""
+    compiled = torch.compile(model, dynamic=False, mode=mode)
+    if not isinstance(compiled, nn.Module):
+        raise TypeError(f"torch.compile returned a {type(compiled).__name__} for a module, not an nn.Module")
+    return compiled
 
 
 def split_step(model: nn.Module, idx: torch.Tensor, steps: int = 3) -> dict[str, float]:
@@ -69,7 +78,7 @@ def split_step(model: nn.Module, idx: torch.Tensor, steps: int = 3) -> dict[str,
 
 def _split_one_step(model: nn.Module, idx: torch.Tensor) -> dict[str, float]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fwd_bwd_seconds(model, idx)  # type: ignore[arg-type]
+        fwd_bwd_seconds(model, idx)
     events = prof.key_averages()
     parts = {"gemm": 0.0, "fft": 0.0, "total": 0.0}
     for e in events:
@@ -129,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     for length in args.lengths:
         models = build(length, args)
         idx = torch.randint(0, 256, (args.batch_size, length), generator=torch.Generator().manual_seed(0))
-        timings = interleaved({name: (lambda m=model, x=idx: fwd_bwd_seconds(m, x))  # type: ignore[misc]
+        timings = interleaved({name: functools.partial(fwd_bwd_seconds, model, idx)
                                for name, model in models.items()}, args.repeats, warmup=args.warmup)
         for name, seconds in timings.medians().items():
             results[(name, length)] = seconds
@@ -148,9 +157,9 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int], float]:
     for length in args.lengths:
         r = {name: results[(name, length)] for name in ("afno-eager", "afno-compiled", "afno-real-compiled",
                                                           "attn-eager")}
-        c = compiled.get(length)
-        floor = f"{(c['gemm'] + c['fft']) / r['afno-eager']:6.2f}" if c else "   n/a"
-        kernels = f"{(c['total'] - c['gemm'] - c['fft']) / r['afno-eager']:8.2f}" if c else "     n/a"
+        split = compiled.get(length)
+        floor = f"{(split['gemm'] + split['fft']) / r['afno-eager']:6.2f}" if split else "   n/a"
+        kernels = f"{(split['total'] - split['gemm'] - split['fft']) / r['afno-eager']:8.2f}" if split else "     n/a"
         print(f"{length:6d} {r['afno-compiled'] / r['afno-eager']:20.2f} "
               f"{r['afno-real-compiled'] / r['afno-eager']:25.2f} ({pairs[length]:.2f}) "
               f"{r['afno-real-compiled'] / r['attn-eager']:30.2f} {r['afno-eager'] / r['attn-eager']:16.2f} "

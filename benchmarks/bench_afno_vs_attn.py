@@ -13,6 +13,7 @@ import os
 import time
 
 import torch
+import torch.nn as nn
 
 from ..models.gpt import GPT, GPTConfig, lm_loss
 from .timing import interleaved
@@ -20,7 +21,7 @@ from .timing import interleaved
 MIXERS = (("attn", "causal"), ("afno", "causal"), ("afno", "pad2n"))
 
 
-def fwd_bwd_seconds(model: GPT, idx: torch.Tensor) -> float:
+def fwd_bwd_seconds(model: nn.Module, idx: torch.Tensor) -> float:
     """Seconds of one forward + backward of the LM loss on ``idx``."""
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -50,7 +50,7 @@ class GRUClassifier(nn.Module):
 Step = Callable[[], float]
 
 
-def fwd_bwd(model: Callable[[torch.Tensor], torch.Tensor], params: list[torch.Tensor], x: torch.Tensor,
+def fwd_bwd(model: Callable[[torch.Tensor], torch.Tensor], params: Sequence[torch.Tensor], x: torch.Tensor,
             y: torch.Tensor) -> Step:
     def run() -> float:
         for p in params:
@@ -96,8 +96,8 @@ def saved_bytes(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) 
 
 
 def build(size: tuple[int, int, int, int], layers: int, compile_: bool, ablate: bool
-          ) -> tuple[dict[str, nn.Module | Callable[..., torch.Tensor]], dict[str, list[torch.Tensor]], torch.Tensor,
-                     torch.Tensor, dict[str, int]]:
+          ) -> tuple[dict[str, nn.Module | Callable[..., torch.Tensor]], dict[str, list[nn.Parameter]], torch.Tensor,
+                     torch.Tensor, dict[str, float]]:
     hidden, length, batch, inputs = size
     torch.manual_seed(0)
     naive = AGRUClassifier(inputs, hidden, layers, 10).eval()

@@ -55,7 +55,7 @@ def _timed_trace(*args: Any, **kwargs: Any) -> Any:
         _TRACE.append(time.perf_counter() - t0)
 
 
-capture_module._trace_export = _timed_trace  # type: ignore[assignment]
+capture_module._trace_export = _timed_trace
 
 
 def _capture(model: torch.nn.Module, dynamic: bool) -> Callable[[], Any]:

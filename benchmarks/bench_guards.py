@@ -35,9 +35,11 @@ def median_seconds(fn: Callable[[], object], rounds: int) -> float:
 def guard_ratio(mg: ForgeGraph, inputs: dict[str, torch.Tensor], rounds: int) -> tuple[float, float]:
     """(guard seconds, forward seconds): medians over ``rounds`` calls (inputs in placeholder order)."""
     node = next(n for n in mg.nodes if n.name == GUARD_NODE)
-    args = tuple(inputs.values())
+    args, check = tuple(inputs.values()), node.target
+    if not callable(check):
+        raise TypeError(f"{GUARD_NODE} calls {check!r}, not a function: is the graph captured with guards?")
     with torch.inference_mode():
-        guard = median_seconds(lambda: node.target(*args, **node.kwargs), rounds)
+        guard = median_seconds(lambda: check(*args, **node.kwargs), rounds)
         forward = median_seconds(lambda: mg(**inputs), rounds)
     return guard, forward
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -77,7 +79,7 @@ def interpreter_check() -> dict[str, tuple[float, float]]:
     mask = torch.zeros(2, 1, 1, 11)
     mask[1, ..., 7:] = torch.finfo(torch.float32).min
     mode_mask = (torch.arange(5) < 4).float()
-    cases = {
+    cases: dict[str, tuple[Callable[..., Any], Callable[..., Any], list[torch.Tensor], tuple[Any, ...]]] = {
         "softmax (13 wide)": (row_softmax.softmax, row_softmax.softmax_reference, leaves((6, 13)), ()),
         "scaled_masked_softmax": (row_softmax.scaled_masked_softmax, row_softmax.scaled_masked_softmax_reference,
                                   leaves((2, 3, 5, 11)), (mask, 0.35)),

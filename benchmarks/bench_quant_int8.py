@@ -13,6 +13,7 @@ ratio of median forward times is reported, plus the largest logit difference to 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -51,7 +52,7 @@ def int8_graph(model: torch.nn.Module, backend: str, static: bool, calib: list[d
 
 def time_variants(variants: dict[str, Any], inputs: dict[str, torch.Tensor], rounds: int) -> dict[str, list[float]]:
     with torch.inference_mode():  # the warm-up rounds pack kernels and settle the allocator
-        return interleaved({k: (lambda fn=fn: fn(**inputs)) for k, fn in variants.items()}, rounds).times
+        return interleaved({k: functools.partial(fn, **inputs) for k, fn in variants.items()}, rounds).times
 
 
 def main() -> None:

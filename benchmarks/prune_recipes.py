@@ -4,6 +4,12 @@ shared by examples/prune_minilm.py and benchmarks/bench_prune.py."""
 from __future__ import annotations
 
 import torch
+from transformers.models.bert.modeling_bert import (
+    BertForSequenceClassification,
+    BertOutput,
+    BertSelfAttention,
+    BertSelfOutput,
+)
 
 __all__ = ["ELEMENTWISE", "FFN", "HEADS", "torch_pruning_model"]
 
@@ -18,14 +24,13 @@ def torch_pruning_model(model: torch.nn.Module, example: dict[str, torch.Tensor]
     or with ``calib`` (batches with labels) its group Taylor importance from the gradients summed over them."""
     import torch_pruning as tp
 
-    layers = model.bert.encoder.layer
-    num_heads = {}
-    for layer in layers:
-        att = layer.attention.self
-        for lin in (att.query, att.key, att.value):
-            num_heads[lin] = model.config.num_attention_heads
-    ignored = [model.classifier, model.bert.pooler.dense, model.bert.embeddings]
-    ignored += [m for layer in layers for m in (layer.attention.output.dense, layer.output.dense)]
+    if not isinstance(model, BertForSequenceClassification) or model.bert.pooler is None:
+        raise TypeError(f"torch_pruning_model prunes a BERT classifier with a pooler (MiniLM's), not a "
+                        f"{type(model).__name__}")
+    attentions = [m for m in model.modules() if isinstance(m, BertSelfAttention)]
+    num_heads = {lin: att.num_attention_heads for att in attentions for lin in (att.query, att.key, att.value)}
+    ignored: list[torch.nn.Module] = [model.classifier, model.bert.pooler.dense, model.bert.embeddings]
+    ignored += [m.dense for m in model.modules() if isinstance(m, BertSelfOutput | BertOutput)]
     importance: object = tp.importance.MagnitudeImportance(p=1)
     if calib is not None:
         importance = tp.importance.GroupTaylorImportance()
@@ -39,8 +44,7 @@ def torch_pruning_model(model: torch.nn.Module, example: dict[str, torch.Tensor]
         ignored_layers=ignored, output_transform=lambda out: out.logits.sum(), global_pruning=False)
     pruner.step()
     model.zero_grad(set_to_none=True)
-    for layer in layers:
-        att = layer.attention.self
+    for att in attentions:
         att.num_attention_heads = pruner.num_heads[att.query]
         att.all_head_size = att.query.out_features
     return model
