@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         diff = (fused(**inputs).logits - unfused(**inputs).logits).abs().max().item()
     with torch.no_grad():
-        timings = interleaved({k: (lambda g=g: g(**inputs)) for k, g in
+        timings = interleaved({k: functools.partial(g, **inputs) for k, g in
                                (("base", base), ("unfused", unfused), ("fused", fused))}, args.repeats)
     med = timings.medians()
     pair = timings.pair_ratio("fused", "base")

@@ -21,6 +21,7 @@ import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -30,13 +31,26 @@ from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.models.bert import minilm_for_sequence_classification  # noqa: E402
 from fxforge.passes.transform.lora import lora_layers  # noqa: E402
 
+if TYPE_CHECKING:
+    from peft.tuners.lora import LoraLayer
+
 TARGETS = ["query", "key", "value", "dense"]
 
 
-def peft_layers(model: nn.Module) -> dict[str, nn.Module]:
+def peft_layers(model: nn.Module) -> dict[str, LoraLayer]:
     """PEFT LoRA layers by the path of the layer they wrap."""
+    from peft.tuners.lora import LoraLayer
+
     return {n.removeprefix("base_model.model."): m for n, m in model.named_modules()
-            if isinstance(getattr(m, "lora_A", None), nn.ModuleDict) and "default" in m.lora_A}
+            if isinstance(m, LoraLayer) and "default" in m.lora_A}
+
+
+def _default_linear(adapters: nn.ModuleDict) -> nn.Linear:
+    """The ``default`` adapter's linear in one of PEFT's ``lora_A`` / ``lora_B`` dicts."""
+    linear = adapters["default"]
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"PEFT's default adapter is a {type(linear).__name__}, not an nn.Linear")
+    return linear
 
 
 def copy_adapters_into_peft(ours: ForgeGraph, peft_model: nn.Module) -> int:
@@ -49,14 +63,14 @@ def copy_adapters_into_peft(ours: ForgeGraph, peft_model: nn.Module) -> int:
         for _, path, m in layers:
             if theirs[path].scaling["default"] != m.scaling:
                 raise RuntimeError(f"{path}: scaling {theirs[path].scaling['default']} != {m.scaling}")
-            theirs[path].lora_A["default"].weight.copy_(m.lora_A)
-            theirs[path].lora_B["default"].weight.copy_(m.lora_B)
-        head = peft_model.base_model.model.classifier.modules_to_save["default"]
+            _default_linear(theirs[path].lora_A).weight.copy_(m.lora_A)
+            _default_linear(theirs[path].lora_B).weight.copy_(m.lora_B)
+        head = peft_model.get_submodule("base_model.model.classifier.modules_to_save.default")
         head.load_state_dict(ours.model.get_submodule("classifier").state_dict())
     return len(layers)
 
 
-def make_step(model: Callable[..., object], params: list[nn.Parameter],
+def make_step(model: Callable[..., Any], params: list[nn.Parameter],
               inputs: dict[str, torch.Tensor]) -> Callable[[], float]:
     opt = torch.optim.AdamW(params, lr=1e-4)
 
