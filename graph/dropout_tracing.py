@@ -100,7 +100,7 @@ def _traced_sdpa(*args: Any, **kwargs: Any) -> Any:
         bound.get("query")
     plain = type(p) in (float, int) and type(causal) is bool and type(gqa) is bool and isinstance(query, Tensor) \
         and (scale is None or type(scale) in (float, int)) and (mask is None or isinstance(mask, Tensor))
-    if not plain or p == 0 or torch.is_autocast_enabled(query.device.type):  # type: ignore[union-attr]
+    if not plain or not isinstance(query, Tensor) or p == 0 or torch.is_autocast_enabled(query.device.type):
         return _SDPA_FN(*args, **kwargs)
     tracing.redirected += 1
     return torch.ops.fxforge.sdpa_dropout(query, bound["key"], bound["value"], mask, float(p), causal,

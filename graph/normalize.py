@@ -272,7 +272,8 @@ def _dropout_on(node: fx.Node) -> bool:
 def _lift_dropout(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> None:
     if not _dropout_on(node):
         return
-    if node.target is aten.dropout_.default and len(node.args[0].users) != 1:  # type: ignore[union-attr]
+    source = node.args[0] if node.args else None
+    if node.target is aten.dropout_.default and isinstance(source, fx.Node) and len(source.users) != 1:
         return  # in place on a value read elsewhere too: an out-of-place module would change what they read
     p = _dropout_p(node)
     owner = _owner_module(model, node, nn.Dropout)

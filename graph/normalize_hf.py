@@ -103,7 +103,11 @@ def _inline_region(gm: fx.GraphModule, node: fx.Node, sub_index: int, detach: bo
                 detached.append(out)
             outs = detached
     for user in list(node.users):
-        user.replace_all_uses_with(outs[user.args[1]])  # type: ignore[index]
+        index = user.args[1] if len(user.args) == 2 else None
+        if not isinstance(index, int):
+            raise ValueError(f"inlining region {node.name!r}: its user {user.name!r} is not an indexed read of "
+                             "its outputs")
+        user.replace_all_uses_with(outs[index])
         graph.erase_node(user)
     graph.erase_node(node)
     if not sub_node.users:

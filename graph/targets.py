@@ -18,7 +18,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.nn as nn
@@ -47,7 +47,7 @@ def is_identifier(name: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class ModuleSpec:
+class ModuleSpec(Generic[M_]):
     """How a module class is written and rebuilt: ``to_config`` → JSON dict → ``from_config``.
 
     A container (both callables None) is rebuilt as ``cls()``; its children, parameters and buffers
@@ -55,9 +55,9 @@ class ModuleSpec:
     """
 
     name: str
-    cls: type[nn.Module]
-    to_config: Callable[[nn.Module], dict[str, Any]] | None = None
-    from_config: Callable[[dict[str, Any]], nn.Module] | None = None
+    cls: type[M_]
+    to_config: Callable[[M_], dict[str, Any]] | None = None
+    from_config: Callable[[dict[str, Any]], M_] | None = None
     keys: frozenset[str] | None = None  # the constructor keys a config may hold (None: from_config's own check)
 
     @property
@@ -68,8 +68,8 @@ class ModuleSpec:
 
 # -- registries -------------------------------------------------------------------------------------
 _USER_FUNCTIONS: dict[str, Callable[..., Any]] = {}
-_MODULES_BY_NAME: dict[str, ModuleSpec] = {}
-_MODULES_BY_CLASS: dict[type[nn.Module], ModuleSpec] = {}
+_MODULES_BY_NAME: dict[str, ModuleSpec[Any]] = {}  # each spec's callables take its own cls
+_MODULES_BY_CLASS: dict[type[nn.Module], ModuleSpec[Any]] = {}
 _OP_NAMESPACES: set[str] = {"aten", "prims", "fxforge"}
 # Output classes (pytree node types) a graph's output structure may name, beyond HF ModelOutputs.
 _PYTREE_TYPES: set[str] = set()
@@ -141,8 +141,7 @@ def register_module(
     if (to_config is None) != (from_config is None):
         raise ValueError("give both to_config and from_config, or neither (a container)")
     key = name or f"{cls.__module__}.{cls.__qualname__}"
-    spec = ModuleSpec(key, cls, to_config, from_config,  # type: ignore[arg-type]
-                      None if keys is None else frozenset(keys))
+    spec = ModuleSpec(key, cls, to_config, from_config, None if keys is None else frozenset(keys))
     old = _MODULES_BY_NAME.get(key)
     if old is not None and old.cls is not cls:
         raise ValueError(f"module name {key!r} is already registered for {old.cls!r}")

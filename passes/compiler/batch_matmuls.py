@@ -169,8 +169,9 @@ def _absorb_biases(gm: fx.GraphModule, rw: GraphRewrite) -> int:
         if not all(i.op == "call_function" and i.target is operator.getitem for i in items):
             continue
         found = [_step_bias(i, constant) for i in items]
-        biases = {f[1] for f in found if f is not None}
-        if any(f is None for f in found) or len(biases) != 1:
+        steps = [f for f in found if f is not None]
+        biases = {b for _, b in steps}
+        if len(steps) != len(found) or len(biases) != 1:
             continue
         proj, dim = split.args[0], split.args[1]
         bias = biases.pop()
@@ -182,9 +183,9 @@ def _absorb_biases(gm: fx.GraphModule, rw: GraphRewrite) -> int:
         biased = rw.call_function(aten.add.Tensor, (proj, bias), after=_last([proj, bias]))
         infer_val(biased)
         rw.set_arg(split, 0, biased)
-        for outer, _ in found:  # type: ignore[misc]
+        for outer, _ in steps:
             rw.bypass(outer, outer.args[0])
-        absorbed += len(found)
+        absorbed += len(steps)
     return absorbed
 
 

@@ -67,9 +67,12 @@ def infer_val(node: fx.Node) -> None:
         if not isinstance(val, torch.Tensor):
             return
         vals[inp] = val
+    if not callable(node.target):  # a method or module call, named by a string: no fake value here
+        node.meta.pop("val", None)
+        return
     args = fx.node.map_arg(node.args, vals.__getitem__)
     kwargs = fx.node.map_arg(node.kwargs, vals.__getitem__)
     try:
-        node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]
+        node.meta["val"] = node.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 -- no fake value: shape queries fall back to metadata
         node.meta.pop("val", None)
