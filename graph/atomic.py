@@ -23,14 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from .limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
 from .targets import CheckpointError
 
-__all__ = ["MANIFEST", "loads_json", "read_verified", "write_checkpoint_dir"]
+__all__ = ["MANIFEST", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_MANIFEST_BYTES", "json_depth", "loads_json",
+           "read_verified", "write_checkpoint_dir"]
 
 MANIFEST = "manifest.json"
-MAX_JSON_BYTES = 256 * 2**20
-MAX_MANIFEST_BYTES = 2**20
-MAX_JSON_DEPTH = 64
 _SCAN_CHUNK = 1 << 20  # bytes per step of json_depth
 _STEPS = np.zeros(256, dtype=np.int8)
 _STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1

@@ -23,6 +23,7 @@ from . import targets
 from .atomic import loads_json, read_verified
 from .checkpoint_values import Env, check_node_name, check_path, decode_value, join
 from .inputs import ExampleInputs
+from .limits import check_graph_size
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import NodeMeta, set_meta
 from .stored_writes import StoredReach
@@ -260,6 +261,7 @@ def load_checkpoint(path: str | Path) -> ForgeGraph:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("schema_version") != version \
             or type(doc.get("schema_version")) is not int:
         raise CheckpointError(f"{gpath}: not an fxforge graph of schema version {version} (as its manifest says)")
+    check_graph_size(doc, str(gpath))  # before anything is built
     weights, input_tensors = _parse(root, WEIGHTS, payloads), _parse(root, INPUTS, payloads)
     try:
         class_name, frontend = doc["class_name"], doc["frontend"]
