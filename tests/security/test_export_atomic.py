@@ -64,7 +64,7 @@ def test_killed_lora_save_leaves_old_or_new(graphs: tuple[ForgeGraph, ForgeGraph
     adapted = []
     for seed in (1, 2):
         mg = base.copy()
-        passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "targets": {"name": ["fc"]}})
+        mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "targets": {"name": ["fc"]}})
         with torch.no_grad():
             mg.model.fc.lora_B.normal_(generator=torch.Generator().manual_seed(seed))
         adapted.append(mg)

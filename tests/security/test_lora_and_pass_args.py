@@ -26,7 +26,7 @@ def base() -> ForgeGraph:
 @pytest.fixture(scope="module")
 def pristine(base: ForgeGraph, tmp_path_factory: pytest.TempPathFactory) -> Path:
     mg = base.copy()
-    passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "targets": {"name": ["fc", "out"]}})
+    mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "targets": {"name": ["fc", "out"]}})
     return save_lora_adapters(mg, tmp_path_factory.mktemp("lora") / "adapters")
 
 
