@@ -1,6 +1,5 @@
 """CLI commands on an exported checkpoint: ``verify``, ``draw`` and ``report``."""
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -49,18 +48,10 @@ def report(
     """Write one self-contained HTML report: drawing, node table, pass history, quantization, search plots."""
     from ..graph.forge_graph import ForgeGraph
     from ..report import write_report
+    from ..report.search_json import load_search_results
     from .inspect_cmd import ensure_metadata
 
-    results = None
-    if search is not None:
-        try:
-            results = json.loads(search.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise CliError(f"{search}: no such search results file") from None
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{search}: not a JSON file ({exc})") from None
-        if not isinstance(results, dict):
-            raise CliError(f"{search}: expected a JSON object as written by `fxforge search --results`")
+    results = None if search is None else load_search_results(search)  # checked field by field, errors name both
     mg = ensure_metadata(ForgeGraph.from_checkpoint(_checkpoint(ckpt)))
     path = write_report(mg, out, title=f"fxforge report: {ckpt.name}", search_results=results)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")

@@ -105,7 +105,11 @@ def search(
         from_config = _feature("fxforge.search", "search_from_config", "searches")
         if study is not None:
             overrides["study_name"] = study
-        result = from_config(doc, **overrides).run()
+        try:
+            built = from_config(doc, **overrides)
+        except ValueError as exc:  # SearchError: a section or key of this file; name the file too
+            raise CliError(f"{config}: {exc}") from None
+        result = built.run()
     typer.echo(result.table())
     if results is not None:
         result.to_json(results)

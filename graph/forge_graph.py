@@ -44,6 +44,13 @@ class PassRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PassRecord:
+        """Rebuild a record, its fields type-checked (a checkpoint's history is hostile): ValueError naming them."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a history record must be an object, got {type(data).__name__}")
+        for key, kind in (("name", str), ("kind", str), ("args", dict)):
+            if (key in data or key != "args") and not isinstance(data.get(key), kind):
+                raise ValueError(f"history record {str(data.get('name'))[:60]!r}: {key} must be "
+                                 f"{'a string' if kind is str else 'an object'}, got {type(data.get(key)).__name__}")
         return cls(name=data["name"], kind=data["kind"], args=dict(data.get("args", {})))
 
 

@@ -98,7 +98,19 @@ class ValueMeta:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ValueMeta:
+    def from_json(cls, data: dict[str, Any], where: str = "value") -> ValueMeta:
+        """Rebuild from JSON, every field type-checked (a checkpoint's metadata is hostile); ValueError
+        naming ``where`` and the field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be an object, got {type(data).__name__}")
+        for key, ok, what in (("type", lambda v: isinstance(v, str), "a string"),
+                              ("shape", _ints_or_none, "a list of integers or null"),
+                              ("dtype", lambda v: v is None or isinstance(v, str), "a string or null"),
+                              ("precision", _ints_or_none, "a list of integers or null"),
+                              ("value", lambda v: isinstance(v, str | int | float | bool | None), "a JSON scalar"),
+                              ("requires_grad", lambda v: isinstance(v, bool), "a bool")):
+            if (key in data or key == "type") and not ok(data.get(key)):
+                raise ValueError(f"{where}.{key} must be {what}, got {type(data.get(key)).__name__}")
         return cls(
             type=data["type"],
             shape=None if data.get("shape") is None else tuple(data["shape"]),
@@ -107,6 +119,10 @@ class ValueMeta:
             value=data.get("value"),
             requires_grad=bool(data.get("requires_grad", False)),
         )
+
+
+def _ints_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, list) and all(type(v) is int for v in value)
 
 
 @dataclass
@@ -134,12 +150,22 @@ class CommonMeta:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CommonMeta:
+        """Rebuild from JSON, every field type-checked; ValueError naming the field (``common.op``...)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"common must be an object, got {type(data).__name__}")
+        if not isinstance(data.get("op"), str):
+            raise ValueError(f"common.op must be a string, got {type(data.get('op')).__name__}")
+        if not isinstance(data.get("module_type"), str | None):
+            raise ValueError(f"common.module_type must be a string or null, got {type(data['module_type']).__name__}")
+        for key in ("args", "results"):
+            if not isinstance(data.get(key, {}), dict):
+                raise ValueError(f"common.{key} must be an object, got {type(data[key]).__name__}")
         return cls(
             kind=NodeKind(data["kind"]),
             op=data["op"],
             module_type=data.get("module_type"),
-            args={k: ValueMeta.from_json(v) for k, v in data.get("args", {}).items()},
-            results={k: ValueMeta.from_json(v) for k, v in data.get("results", {}).items()},
+            args={k: ValueMeta.from_json(v, f"common.args.{k}") for k, v in data.get("args", {}).items()},
+            results={k: ValueMeta.from_json(v, f"common.results.{k}") for k, v in data.get("results", {}).items()},
         )
 
 

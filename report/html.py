@@ -19,6 +19,7 @@ from ..graph.draw import to_svg
 from ..graph.forge_graph import ForgeGraph
 from .plots import plots_available, search_plots
 from .rows import NodeRow, node_rows, quant_rows
+from .search_json import check_search_results
 
 __all__ = ["build_report", "write_report"]
 
@@ -117,7 +118,10 @@ def _search(results: Mapping[str, Any] | None) -> str:
 
 
 def build_report(mg: ForgeGraph, title: str = "fxforge report", search_results: Mapping[str, Any] | None = None) -> str:
-    """The report of ``mg`` as one HTML document (``search_results``: the JSON of SearchResult.to_json)."""
+    """The report of ``mg`` as one HTML document (``search_results``: the JSON of SearchResult.to_json,
+    checked field by field first: SearchResultsError)."""
+    if search_results is not None:
+        search_results = check_search_results(search_results)
     rows = node_rows(mg)
     params = list(mg.model.parameters())
     total, trainable = sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)

@@ -61,9 +61,9 @@ def _scatter(trials: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, A
         base = _points([baseline], x, y)
         if base:
             ax.scatter(*zip(*base), marker="*", s=140, color="#1565c0", label="baseline")
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
-        ax.set_title(title)
+        ax.set_xlabel(x, parse_math=False)  # names from a file: never matplotlib's mathtext ($...$ nests,
+        ax.set_ylabel(y, parse_math=False)  # and its parser recurses)
+        ax.set_title(title, parse_math=False)
         ax.legend(fontsize=8)
 
     return _png(draw)

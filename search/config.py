@@ -41,9 +41,22 @@ from .task import TextClassificationTask
 __all__ = ["CONFIG_ATTR", "check_resumable", "load_config", "search_from_config"]
 
 _SECTIONS = ("search", "model", "task", "space", "constraints")
-_SEARCH_KEYS = ("study_name", "n_trials", "sampler", "pruner", "objectives", "storage", "run_dir", "seed", "resume",
-                "timeout")
-_MODEL_KEYS = ("name", "checkpoint", "hf_input_names", "num_labels")
+# Each key's type, checked before anything is built: (description, test).
+_STR = ("a string", lambda v: isinstance(v, str))
+_INT = ("an integer", lambda v: type(v) is int)
+_NUM = ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool))
+_BOOL = ("a bool", lambda v: isinstance(v, bool))
+_STRS = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+_TABLE = ("a table", lambda v: isinstance(v, dict))
+_SEARCH_TYPES = {"study_name": _STR, "n_trials": _INT, "sampler": _STR, "pruner": _STR, "objectives": _STRS,
+                 "storage": _STR, "run_dir": _STR, "seed": _INT, "resume": _BOOL, "timeout": _NUM}
+_MODEL_TYPES = {"name": _STR, "checkpoint": _STR, "hf_input_names": _STRS, "num_labels": _INT}
+_TASK_TYPES = {"dataset": _STR, "checkpoint": _STR, "train_size": _INT, "eval_size": _INT, "max_length": _INT,
+               "train_args": _TABLE, "eval_batch_size": _INT, "report_every": _INT, "progress": _BOOL,
+               "calibration_size": _INT}
+_CONSTRAINT_TYPES = {"objective": _STR, "max_drop": _NUM, "max_value": _NUM, "min_value": _NUM}
+_SEARCH_KEYS = tuple(_SEARCH_TYPES)
+_MODEL_KEYS = tuple(_MODEL_TYPES)
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -56,6 +69,39 @@ def _check(section: str, given: Mapping[str, Any], allowed: tuple[str, ...]) -> 
     bad = sorted(set(given) - set(allowed))
     if bad:
         raise SearchError(f"[{section}]: unknown key(s) {bad}; allowed: {sorted(allowed)}")
+
+
+def _typed(section: str, given: Any, types: Mapping[str, tuple[str, Any]]) -> dict[str, Any]:
+    """``given`` as a dict after checking it is a table of known keys, each of its type (SearchError naming
+    the section and key otherwise)."""
+    if not isinstance(given, Mapping):
+        raise SearchError(f"{section} must be a table, got {type(given).__name__}")
+    _check(section.strip("[]"), given, tuple(types))
+    for key, value in given.items():
+        what, ok = types[key]
+        if not ok(value):
+            raise SearchError(f"{section} {key} must be {what}, got {type(value).__name__} {str(value)[:40]!r}")
+    return dict(given)
+
+
+def _constraints(given: Any) -> list[Constraint]:
+    """The [[constraints]] array of tables, typed; each needs an objective."""
+    if not isinstance(given, list):
+        raise SearchError(f"constraints must be an array of tables ([[constraints]]), got {type(given).__name__}")
+    out = []
+    for i, entry in enumerate(given, 1):
+        where = f"[[constraints]] entry {i}"
+        if not isinstance(entry, Mapping):
+            raise SearchError(f"{where} must be a table, got {type(entry).__name__}")
+        _check("constraints", entry, tuple(_CONSTRAINT_TYPES))
+        for key, value in entry.items():
+            what, ok = _CONSTRAINT_TYPES[key]
+            if not ok(value):
+                raise SearchError(f"{where}: {key} must be {what}, got {type(value).__name__}")
+        if "objective" not in entry:
+            raise SearchError(f"{where} needs an objective")
+        out.append(Constraint(**entry))
+    return out
 
 
 def _base_graph(model: Mapping[str, Any]) -> Any:
@@ -118,21 +164,20 @@ def search_from_config(config: Mapping[str, Any], **overrides: Any) -> Search:
     from the same config (n_trials, timeout and storage may differ) is continued — ``n_trials`` is the
     study's total, so a larger one adds trials — and one created from another config is refused; with
     ``resume = false`` any existing study of that name is refused."""
+    if not isinstance(config, Mapping):
+        raise SearchError(f"a search config must be a table, got {type(config).__name__}")
     _check("top level", config, _SECTIONS)
-    section = {"resume": True, **dict(config.get("search", {})), **overrides}
+    section = {"resume": True, **_typed("[search]", config.get("search", {}), _SEARCH_TYPES), **overrides}
     _check("search", section, _SEARCH_KEYS)
-    model = dict(config.get("model", {}))
-    _check("model", model, _MODEL_KEYS)
+    model = _typed("[model]", config.get("model", {}), _MODEL_TYPES)
+    task_args = _typed("[task]", config["task"], _TASK_TYPES) if "task" in config else None
+    constraints = _constraints(config.get("constraints", []))
     if "space" not in config:
         raise SearchError("a search config needs a [space] section")
     space = space_from_spec(config["space"])
     if section["resume"]:
         check_resumable(config, section)
-    task = TextClassificationTask(**dict(config["task"])) if "task" in config else None
-    constraints = []
-    for c in config.get("constraints", []):
-        _check("constraints", c, ("objective", "max_drop", "max_value", "min_value"))
-        constraints.append(Constraint(**c))
+    task = TextClassificationTask(**task_args) if task_args is not None else None
     capture = {"hf_input_names": list(model.get("hf_input_names", ["input_ids", "attention_mask", "labels"]))}
     base = _base_graph(model) if space.needs_graph else None
     return Search(space=space, base=base, task=task, constraints=constraints, capture=capture,

@@ -98,7 +98,7 @@ class SearchResult:
         path = Path(path)
         doc = {"study": self.study.study_name, "objectives": self.objectives, "directions": self.directions,
                "baseline": self.baseline, "front": self.rows(), "trials": self.rows(self.study.trials)}
-        path.write_text(json.dumps(doc, indent=1, default=str))
+        path.write_text(json.dumps(_strict(doc), indent=1, default=str, allow_nan=False))  # what the report reads
         return path
 
     def to_csv(self, path: str | Path) -> Path:
@@ -164,8 +164,8 @@ class SearchResult:
             fig, ax = plt.subplots(figsize=(5, 3.2))
             ax.plot([r["trial"] for r in rows], [r[name] for r in rows], "o", label="trial")
             ax.set_xlabel("trial")
-            ax.set_ylabel(name)
-            ax.set_title(f"{name} per trial")
+            ax.set_ylabel(name, parse_math=False)  # objective names are never parsed as matplotlib math
+            ax.set_title(f"{name} per trial", parse_math=False)
             written.append(_save(plt, fig, out / f"history_{name}.png"))
         if len(self.objectives) > 1:
             a, b = self.objectives[0], self.objectives[1]
@@ -173,9 +173,9 @@ class SearchResult:
             fig, ax = plt.subplots(figsize=(5, 3.2))
             ax.scatter([r[b] for r in rows], [r[a] for r in rows], c=["C1" if r["trial"] in front else "C0"
                                                                      for r in rows])
-            ax.set_xlabel(b)
-            ax.set_ylabel(a)
-            ax.set_title(f"{a} vs {b} (orange: Pareto front)")
+            ax.set_xlabel(b, parse_math=False)
+            ax.set_ylabel(a, parse_math=False)
+            ax.set_title(f"{a} vs {b} (orange: Pareto front)", parse_math=False)
             written.append(_save(plt, fig, out / f"pareto_{a}_vs_{b}.png"))
         return written
 
@@ -204,6 +204,17 @@ def plan_from_json(doc: Mapping[str, Any]) -> TrialPlan:
     steps = tuple((str(name), dict(args)) for name, args in doc["steps"])
     return TrialPlan(steps, bool(doc["train"]), doc.get("model_config"), tuple(doc.get("identity_layers", ())),
                      qat=doc.get("qat", False) is True)
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with non-finite floats as text ("nan", "inf"): strict JSON, which the report's reader requires."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _fmt(v: Any) -> str:
