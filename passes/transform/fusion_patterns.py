@@ -18,7 +18,7 @@ Shapes come from the nodes' recorded metadata (the pass requires it). Weights ar
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.fx as fx
@@ -41,7 +41,14 @@ def shape_of(node: Any) -> tuple[int, ...] | None:
 
 
 def op_of(node: Any, gm: fx.GraphModule) -> str:
+    """The canonical op of a node (``""`` for anything that is not a node, e.g. a constant argument)."""
     return classify(node, gm)[1] if isinstance(node, fx.Node) else ""
+
+
+def is_op(node: object, gm: fx.GraphModule, op: str) -> TypeGuard[fx.Node]:
+    """Whether ``node`` is a node computing canonical ``op``: a matcher reads a node's arguments
+    (``fx.Node.args`` holds any argument) through this, so what it matched is typed as a node."""
+    return isinstance(node, fx.Node) and op_of(node, gm) == op
 
 
 def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -114,10 +121,11 @@ def fuse_softmax(rw: GraphRewrite, node: fx.Node) -> str | None:
     if x is None:
         return None
     out_shape = shape_of(node)
-    scores, mask, scale, absorbed = x, None, 1.0, []
-    if op_of(x, gm) == "add" and len(x.args) == 2 and not x.kwargs and _only_user(x, node) \
-            and all(isinstance(a, fx.Node) for a in x.args):
-        a, b = x.args
+    scores, mask, scale = x, None, 1.0
+    absorbed: list[fx.Node] = []
+    a, b = x.args if op_of(x, gm) == "add" and len(x.args) == 2 and not x.kwargs and _only_user(x, node) \
+        else (None, None)
+    if isinstance(a, fx.Node) and isinstance(b, fx.Node):
         if _scale_of(b, gm) is not None and _scale_of(a, gm) is None:
             a, b = b, a
         if shape_of(a) == out_shape and shape_of(b) is not None:
@@ -144,14 +152,19 @@ def _strip_broadcast(node: Any, gm: fx.GraphModule, chain: list[fx.Node]) -> Any
             pass
         elif op == "unsqueeze":
             pass
-        elif op == "getitem" and isinstance(node.args[1], tuple) and node.args[1] and node.args[1][-1] is None \
-                and all(s == slice(None) or s is Ellipsis for s in node.args[1][:-1]):
+        elif op == "getitem" and _is_trailing_none_index(node.args[1]):
             pass
         else:
             break
         chain.append(node)
         node = node.args[0]
     return node
+
+
+def _is_trailing_none_index(index: object) -> bool:
+    """Whether a ``getitem`` index is ``[..., None]`` (full slices or an ellipsis, then one new axis)."""
+    return isinstance(index, tuple) and bool(index) and index[-1] is None \
+        and all(s == slice(None) or s is Ellipsis for s in index[:-1])
 
 
 def _reduced(node: Any, gm: fx.GraphModule, kind: str, chain: list[fx.Node]) -> fx.Node | None:
@@ -161,7 +174,7 @@ def _reduced(node: Any, gm: fx.GraphModule, kind: str, chain: list[fx.Node]) -> 
     op = op_of(node, gm)
     if kind == "max" and op == "getitem" and node.args[1] == 0 and len(node.users) == 1:
         inner = node.args[0]
-        if op_of(inner, gm) != "max" or not all(
+        if not is_op(inner, gm, "max") or not all(
                 op_of(u, gm) == "getitem" and (u is node or not u.users) for u in inner.users):
             return None
         chain += [node, inner]
@@ -185,19 +198,22 @@ def fuse_softmax_chain(rw: GraphRewrite, node: fx.Node) -> str | None:
     if op_of(node, gm) != "div" or node.kwargs or len(node.args) != 2:
         return None
     num, den = node.args
-    if op_of(num, gm) != "exp" or not isinstance(den, fx.Node) or node not in num.users:
+    if not is_op(num, gm, "exp") or not isinstance(den, fx.Node) or node not in num.users:
         return None
     den_chain: list[fx.Node] = []
     if _reduced(_strip_broadcast(den, gm, den_chain), gm, "sum", den_chain) is not num or len(num.users) != 2:
         return None
     sub = num.args[0]
-    if op_of(sub, gm) != "sub" or sub.kwargs or not _only_user(sub, num):
+    if not is_op(sub, gm, "sub") or sub.kwargs or not _only_user(sub, num):
         return None
     x, mb = sub.args
     max_chain: list[fx.Node] = []
-    if _reduced(_strip_broadcast(mb, gm, max_chain), gm, "max", max_chain) is not x:
+    if not isinstance(x, fx.Node) or _reduced(_strip_broadcast(mb, gm, max_chain), gm, "max", max_chain) is not x:
         return None
-    want = (*shape_of(x)[:-1], 1)  # type: ignore[misc]
+    x_shape = shape_of(x)
+    if x_shape is None:  # _reduced matched x only with a known shape
+        return None
+    want = (*x_shape[:-1], 1)
     if shape_of(den) != want or shape_of(mb) != want:
         return None
     rw.replace(node, "call_function", torch.ops.fxforge.softmax.default, (x,))
@@ -287,7 +303,7 @@ def fuse_bias_activation(rw: GraphRewrite, node: fx.Node) -> str | None:
     if act is None:
         return None
     lin = node.args[0]
-    if op_of(lin, gm) != "linear" or not _only_user(lin, node):
+    if not is_op(lin, gm, "linear") or not _only_user(lin, node):
         return None
     if lin.op == "call_module":
         m = gm.get_submodule(str(lin.target))
