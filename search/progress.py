@@ -35,7 +35,10 @@ class _AboveBar(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < self.handler.level:
             return False
-        self.bar.write(self.handler.format(record), file=getattr(self.handler, "stream", None))
+        try:
+            self.bar.write(self.handler.format(record), file=getattr(self.handler, "stream", None))
+        except Exception:  # noqa: BLE001 - a closed stream, a bad record: report it as logging would, never raise
+            self.handler.handleError(record)
         return False
 
 
