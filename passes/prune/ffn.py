@@ -8,9 +8,12 @@ width. Its rows are masked (and later removed by the shrink) together.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch.nn as nn
 
 from .groups import DependencyGraph, GroupError
+from .modules import PrunableLayer
 
 __all__ = ["ffn_layers", "ffn_units"]
 
@@ -44,15 +47,15 @@ def _why_not(dep: DependencyGraph, path: str, layer: nn.Module, modules: dict[st
     return "", partners.pop()
 
 
-def ffn_layers(dep: DependencyGraph, layers: dict[str, nn.Module],
+def ffn_layers(dep: DependencyGraph, layers: Mapping[str, nn.Module],
                modules: dict[str, nn.Module]) -> dict[str, tuple[str, tuple[str, ...]]]:
     """path -> ('', producer layers of its units) when its rows are FFN units, else (why not, ())."""
     classes, heads = dep.classes(), dep.head_of()
     return {path: _why_not(dep, path, layer, modules, classes, heads) for path, layer in layers.items()}
 
 
-def ffn_units(dep: DependencyGraph, layers: dict[str, nn.Module], modules: dict[str, nn.Module],
-              explicit: bool) -> tuple[dict[str, nn.Module], list[Unit]]:
+def ffn_units(dep: DependencyGraph, layers: Mapping[str, PrunableLayer], modules: dict[str, nn.Module],
+              explicit: bool) -> tuple[dict[str, PrunableLayer], list[Unit]]:
     """The selected layers carrying FFN units and the units (group key: the block's first producer layer;
     rows cut together); an error names a selected layer without units (explicit selection) or a gated
     partner left out of the selection."""

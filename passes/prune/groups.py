@@ -221,7 +221,7 @@ class _LabelInterpreter(fx.Interpreter):
 
     def _shape(self, n: fx.Node) -> Any:
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        lab_args = []
+        lab_args: list[Any] = []  # the op's arguments, tensors (and lists of them) replaced by their labels
         for a, orig in zip(args, n.args):
             if isinstance(orig, fx.Node) and isinstance(a, torch.Tensor):
                 lab = self.lab.get(orig)

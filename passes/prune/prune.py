@@ -10,6 +10,7 @@ feed-forward units (passes/prune/ffn.py; a gated MLP's gate and up rows together
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..select import select_nodes
 from .config import PruneArgs, PruneSection
 from .ffn import ffn_units
 from .groups import DependencyGraph, GroupError, analyse_dependencies
-from .modules import PRUNED_LAYERS, is_masked, pruned_from
+from .modules import MaskedLayer, PrunableLayer, is_masked, is_prunable, pruned_from
 from .scores import unit_taylor_scores, weight_scores
 
 __all__ = ["prune_transform_pass", "PruneInfo", "LayerSparsity"]
@@ -76,8 +77,8 @@ def _lowest(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     return out.reshape(scores.shape)
 
 
-def _structured_units(sec: PruneSection, dep: DependencyGraph | None, layers: dict[str, nn.Module],
-                      modules: dict[str, nn.Module], explicit: bool) -> tuple[dict[str, nn.Module], list[Unit]]:
+def _structured_units(sec: PruneSection, dep: DependencyGraph | None, layers: dict[str, PrunableLayer],
+                      modules: dict[str, nn.Module], explicit: bool) -> tuple[dict[str, PrunableLayer], list[Unit]]:
     """The layers that carry ``sec.granularity`` units (a subset of the selected ``layers`` when the
     selector was the default) and the units: (group key, rows, score placeholder, size)."""
     units: list[Unit] = []
@@ -109,7 +110,7 @@ def _structured_units(sec: PruneSection, dep: DependencyGraph | None, layers: di
     return {p: layers[p] for p in layers if p in in_heads}, units
 
 
-def _structured_masks(sec: PruneSection, layers: dict[str, nn.Module], units: list[Unit],
+def _structured_masks(sec: PruneSection, layers: Mapping[str, MaskedLayer], units: list[Unit],
                       scores: dict[str, torch.Tensor] | list[float]) -> tuple[dict[str, torch.Tensor], int]:
     """Row masks (True = prune) from unit scores: element scores summed per unit (local: per group key,
     global: one threshold over per-element means so wide and narrow layers are on one scale), or one
@@ -133,10 +134,19 @@ def _structured_masks(sec: PruneSection, layers: dict[str, nn.Module], units: li
     return masks, pruned
 
 
-def _candidates(gm: fx.GraphModule, targets: Any, exclude: Any) -> dict[str, nn.Module]:
+def _masked_layer(gm: fx.GraphModule, path: str) -> MaskedLayer:
+    """The layer at ``path`` once the pass has swapped it for its masked twin."""
+    layer = gm.get_submodule(path)
+    if not is_masked(layer):
+        raise RuntimeError(f"prune_transform_pass: layer {path!r} is a {type(layer).__name__} after masking, "
+                           "not a masked layer; a bug in the pass, please report it")
+    return layer
+
+
+def _candidates(gm: fx.GraphModule, targets: Any, exclude: Any) -> dict[str, PrunableLayer]:
     """Selected layers that have a masked twin (or are masked already); NoMatchError lists candidates."""
     out = {name: m for _, name, m, _ in select_nodes(gm, targets, exclude, modules_only=True)
-           if m is not None and (is_masked(m) or type(m) in PRUNED_LAYERS)}
+           if m is not None and is_prunable(m)}
     if not out:
         raise NoMatchError(f"no Linear / Conv layer matched targets={targets!r} exclude={exclude!r}; "
                            f"candidates: {describe_candidates(gm)}")
@@ -151,18 +161,18 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
     sec, act = args.weight_section, args.activation_section
     explicit = args.targets is not None
     targets = args.targets if explicit else DEFAULT_TARGETS
-    structured = sec is not None and sec.sparsity > 0 and sec.granularity != "elementwise"
-    if structured and sec.granularity in ("head", "ffn") and not explicit:
+    structured = sec if sec is not None and sec.sparsity > 0 and sec.granularity != "elementwise" else None
+    if structured is not None and structured.granularity in ("head", "ffn") and not explicit:
         targets = {"type": ["linear"]}
-    layers = _candidates(gm, targets, args.exclude)
+    selected = _candidates(gm, targets, args.exclude)
     units: list[Unit] = []
     dep: DependencyGraph | None = None
-    if structured:  # head / ffn: only the layers in those groups are wrapped (found before any change)
-        dep = analyse_dependencies(gm, graph.example_inputs) if sec.granularity != "row" else None
-        layers, units = _structured_units(sec, dep, layers, dict(gm.named_modules()), explicit)
-    inject_modules(gm, {"name": sorted(layers)}, None, lambda name, m: pruned_from(m) if name in layers else None,
-                   what="Linear / Conv layer")
-    layers = {p: gm.get_submodule(p) for p in layers}
+    if structured is not None:  # head / ffn: only the layers in those groups are wrapped (found before any change)
+        dep = analyse_dependencies(gm, graph.example_inputs) if structured.granularity != "row" else None
+        selected, units = _structured_units(structured, dep, selected, dict(gm.named_modules()), explicit)
+    inject_modules(gm, {"name": sorted(selected)}, None,
+                   lambda name, m: pruned_from(m) if name in selected else None, what="Linear / Conv layer")
+    layers = {p: _masked_layer(gm, p) for p in selected}
     units_pruned = units_total = 0
     if sec is not None and sec.sparsity > 0:
         if sec.granularity == "elementwise":

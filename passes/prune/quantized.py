@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from ...graph import targets
 from ..quantize.config import OpQuantConfig
 from ..quantize.modules import QuantizedLinear, register_quantized_layer
-from .modules import PrunedLinear, _Masked
+from .modules import MaskedLayer, PrunedLinear
 
 __all__ = ["QuantizedPrunedLinear"]
 
 
-class QuantizedPrunedLinear(_Masked, QuantizedLinear):
+class QuantizedPrunedLinear(MaskedLayer, QuantizedLinear):
     """``q_out(F.linear(q_in(act_mask(x)), q_w(W * weight_mask), q_b(b * bias_mask)))``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,

@@ -3,14 +3,14 @@ batches (taylor, first-order Taylor / movement-style, data-driven)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 
 from ..batching import iter_batches, run_batch
+from .modules import MaskedLayer, layer_weight
 
 __all__ = ["weight_scores", "unit_taylor_scores"]
 
@@ -27,7 +27,7 @@ def _loss(output: Any, batch: Any, loss_fn: Callable[[Any, Any], torch.Tensor] |
     return loss
 
 
-def weight_scores(graph: Any, layers: dict[str, nn.Module], method: str, data: Any, num_batches: int,
+def weight_scores(graph: Any, layers: Mapping[str, MaskedLayer], method: str, data: Any, num_batches: int,
                   loss_fn: Any, seed: int) -> dict[str, torch.Tensor]:
     """path -> score tensor shaped like the layer's weight (higher = more important)."""
     if method == "random":
@@ -37,24 +37,24 @@ def weight_scores(graph: Any, layers: dict[str, nn.Module], method: str, data: A
         return {p: (m.weight.detach().abs() if method == "l1" else m.weight.detach().float() ** 2)
                 for p, m in layers.items()}
     acc = {p: torch.zeros_like(m.weight, dtype=torch.float32) for p, m in layers.items()}
-    for _ in _backward_per_batch(graph, layers, data, num_batches, loss_fn):
+    for _ in _backward_per_batch(graph, {p: m.weight for p, m in layers.items()}, data, num_batches, loss_fn):
         for p, m in layers.items():
             if m.weight.grad is not None:
                 acc[p] += (m.weight.detach() * m.weight.grad).abs().float()
     return acc
 
 
-def _backward_per_batch(graph: Any, modules: dict[str, nn.Module], data: Any, num_batches: int,
+def _backward_per_batch(graph: Any, weights: Mapping[str, torch.Tensor], data: Any, num_batches: int,
                         loss_fn: Any) -> Iterator[None]:
-    """Run each calibration batch forward and backward in eval mode with the modules' weights requiring
+    """Run each calibration batch forward and backward in eval mode with the layers' ``weights`` requiring
     grad, yielding after each backward (the gradients are in ``.grad``); flags, grads and mode restored."""
     gm: fx.GraphModule = graph.model
-    flags = {p: m.weight.requires_grad for p, m in modules.items()}
+    flags = {p: w.requires_grad for p, w in weights.items()}
     was = gm.training
     gm.eval()
     try:
-        for m in modules.values():
-            m.weight.requires_grad_(True)
+        for w in weights.values():
+            w.requires_grad_(True)
         seen = 0
         for batch in iter_batches(graph, data, num_batches):
             for prm in gm.parameters():
@@ -66,8 +66,8 @@ def _backward_per_batch(graph: Any, modules: dict[str, nn.Module], data: Any, nu
         if seen == 0:
             raise ValueError("method 'taylor': 'data' yielded no batch")
     finally:
-        for p, m in modules.items():
-            m.weight.requires_grad_(flags[p])
+        for p, w in weights.items():
+            w.requires_grad_(flags[p])
         for prm in gm.parameters():
             prm.grad = None
         gm.train(was)
@@ -105,22 +105,23 @@ def unit_taylor_scores(graph: Any, dep: Any, units: list[tuple[str, list[tuple[s
     consumers = {p: (torch.tensor(a), torch.tensor(b)) for p, (a, b) in consumer_lists.items()}
     producers = {p: (torch.tensor(a), torch.tensor(b)) for p, (a, b) in producer_lists.items()}
     paths = set(consumers) | set(producers)
-    params = {p: gm.get_submodule(p) for p in paths}
+    weights = {p: layer_weight(gm.get_submodule(p)) for p in paths}
+    biases = {p: getattr(gm.get_submodule(p), "bias", None) for p in producers}
     total = torch.zeros(len(units), dtype=torch.float64)
-    for _ in _backward_per_batch(graph, params, data, num_batches, loss_fn):
+    for _ in _backward_per_batch(graph, weights, data, num_batches, loss_fn):
         step = torch.zeros(len(units), dtype=torch.float64)
         for p, (cols, idx) in consumers.items():
-            w = params[p].weight
+            w = weights[p]
             if w.grad is not None:
                 per_col = (w.detach() * w.grad).double().sum(0)
                 step.index_add_(0, idx, per_col[cols])
-        for p, (rows, idx) in producers.items():
-            m = params[p]
-            if m.weight.grad is None:
+        for p, (row_index, idx) in producers.items():
+            w, b = weights[p], biases[p]
+            if w.grad is None:
                 continue
-            per_row = (m.weight.detach() * m.weight.grad).double().flatten(1).sum(1)
-            if getattr(m, "bias", None) is not None and m.bias.grad is not None:
-                per_row = per_row + (m.bias.detach() * m.bias.grad).double()
-            step.index_add_(0, idx, per_row[rows])
+            per_row = (w.detach() * w.grad).double().flatten(1).sum(1)
+            if isinstance(b, torch.Tensor) and b.grad is not None:
+                per_row = per_row + (b.detach() * b.grad).double()
+            step.index_add_(0, idx, per_row[row_index])
         total += step.abs()
     return total.tolist()

@@ -12,6 +12,7 @@ stream / a LayerNorm / the output) is an error naming the node, never a silently
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.fx as fx
@@ -22,11 +23,12 @@ from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo
 from ..rewrite import GraphRewrite
 from .groups import DependencyGraph, GroupError, analyse_dependencies
-from .modules import PrunedLinear, is_masked
+from .modules import PrunedLinear, is_masked, layer_weight
 
 __all__ = ["shrink_transform_pass", "ShrinkArgs", "ShrinkInfo"]
 
 _SIZE_OPS = frozenset({"view", "reshape", "expand"})
+_L = TypeVar("_L", bound=nn.Linear)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class ShrinkInfo(PassInfo):
 def _row_masked(m: nn.Module, r: int) -> bool:
     if not is_masked(m):
         return False
-    bias_off = m.bias is None or not bool(m.bias_mask[r])
+    bias_off = m.bias is None or not bool(m.existing_bias_mask()[r])
     return bias_off and not bool(m.weight_mask[r].any())
 
 
@@ -111,6 +113,8 @@ def _resize_args(rw: GraphRewrite, node: fx.Node, old: list[int], new: list[int]
 
 def _resize_split(rw: GraphRewrite, node: fx.Node, chunks: tuple[torch.Tensor, ...], gone: torch.Tensor) -> None:
     dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
+    if not isinstance(dim, int):
+        raise GroupError(f"shrink: split node {node.name!r} has a dim {dim!r} the shrink cannot read")
     sizes = [_kept_per_axis(c, gone, node.name)[dim] for c in chunks]
     if sizes == [c.shape[dim] for c in chunks]:
         return
@@ -124,20 +128,30 @@ def _sliced(m: nn.Module, rows: torch.Tensor, cols: torch.Tensor) -> nn.Module:
         raise GroupError(f"shrink: layer of type {type(m).__name__} cannot be resized (shrink before LoRA / "
                          "quantization)")
     w = m.weight.detach()[rows][:, cols]
-    b = None if m.bias is None else m.bias.detach()[rows]
-    masked = is_masked(m) and not bool(m.weight_mask[rows][:, cols].all())
-    with torch.device("meta"):
-        new = (PrunedLinear if masked else nn.Linear)(int(cols.numel()), int(rows.numel()), bias=b is not None)
-    new = new.to_empty(device=w.device).to(w.dtype)
+    bias = m.bias
+    b = None if bias is None else bias.detach()[rows]
+    size = (int(cols.numel()), int(rows.numel()), b is not None)
+    new: nn.Linear
     with torch.no_grad():
+        if is_masked(m) and not bool(m.weight_mask[rows][:, cols].all()):  # masked entries stay: keep the masks
+            pruned = _empty(PrunedLinear, *size, like=w)
+            pruned.weight_mask = m.weight_mask[rows][:, cols].clone()
+            pruned.bias_mask = None if b is None else m.existing_bias_mask()[rows].clone()
+            pruned.act_sparsity, pruned.act_method, pruned.act_scope = m.act_sparsity, m.act_method, m.act_scope
+            new = pruned
+        else:
+            new = _empty(nn.Linear, *size, like=w)
         new.weight = nn.Parameter(w.clone(), requires_grad=m.weight.requires_grad)
-        if b is not None:
-            new.bias = nn.Parameter(b.clone(), requires_grad=m.bias.requires_grad)
-        if masked:
-            new.weight_mask = m.weight_mask[rows][:, cols].clone()
-            new.bias_mask = None if b is None else m.bias_mask[rows].clone()
-            new.act_sparsity, new.act_method, new.act_scope = m.act_sparsity, m.act_method, m.act_scope
+        if bias is not None and b is not None:
+            new.bias = nn.Parameter(b.clone(), requires_grad=bias.requires_grad)
     return new.train(m.training)
+
+
+def _empty(cls: type[_L], in_features: int, out_features: int, bias: bool, like: torch.Tensor) -> _L:
+    """An uninitialised ``cls`` layer on ``like``'s device and dtype (built on meta: no random init)."""
+    with torch.device("meta"):
+        layer = cls(in_features, out_features, bias=bias)
+    return layer.to_empty(device=like.device).to(like.dtype)
 
 
 @forge_pass("transform", ShrinkArgs, info=ShrinkInfo, requires=("pruned",),
@@ -168,7 +182,7 @@ def shrink_transform_pass(graph: ForgeGraph, args: ShrinkArgs) -> tuple[ForgeGra
     paths = {p for p, _ in dep.units} | set(dep.columns)
     for path in sorted(paths):
         m = gm.get_submodule(path)
-        out_f, in_f = m.weight.shape[0], m.weight.shape[1]
+        out_f, in_f = layer_weight(m).shape[0], layer_weight(m).shape[1]
         rows = torch.tensor([r for r in range(out_f) if (path, r) not in dep.unit_of
                              or dep.find(dep.unit_of[(path, r)]) not in removed], dtype=torch.long)
         cols_map = dep.columns.get(path, {})
