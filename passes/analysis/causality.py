@@ -20,6 +20,8 @@ axis (a flattened batch, an FFT's frequency axis) is not checked.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +95,8 @@ class _Tap(fx.Interpreter):
 
     def __init__(self, gm: fx.GraphModule, keep: bool, override: tuple[fx.Node, torch.Tensor] | None = None) -> None:
         super().__init__(gm)
-        self.keep, self.override, self.values = keep, override, {}
+        self.keep, self.override = keep, override
+        self.values: dict[fx.Node, torch.Tensor] = {}
         self.outputs: list[tuple[fx.Node, Any]] = []
 
     def output(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -125,7 +128,7 @@ def _seq_input(gm: fx.GraphModule, flat: list[Any], name: str | None, seq_dim: i
 
 def _perturb(x: torch.Tensor, t: int, seq_dim: int, gen: torch.Generator) -> torch.Tensor:
     y = x.clone()
-    idx = [slice(None)] * x.dim()
+    idx: list[slice | int] = [slice(None)] * x.dim()
     idx[seq_dim] = t
     if x.is_floating_point():
         y[tuple(idx)] += torch.randn(y[tuple(idx)].shape, generator=gen, dtype=x.dtype)
@@ -171,7 +174,7 @@ def _jacobian_leak(gm: fx.GraphModule, flat: list[Any], axes: dict[fx.Node, tupl
             return None
         leak = scale = 0.0
         for i in range(t_len - 1):
-            total = sum(o.narrow(axis, i, 1).sum() for o, axis in outs)
+            total = functools.reduce(operator.add, (o.narrow(axis, i, 1).sum() for o, axis in outs))
             (grad,) = torch.autograd.grad(total, x, retain_graph=True)
             leak = max(leak, float(grad.narrow(src_axis, i + 1, t_len - i - 1).abs().max()))
             scale = max(scale, float(grad.narrow(src_axis, 0, i + 1).abs().max()))

@@ -94,7 +94,8 @@ class _Timer(fx.Interpreter):
 class _Flops(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, mode: Any) -> None:  # a FlopCounterMode
         super().__init__(gm)
-        self.mode, self.flops = mode, {}
+        self.mode = mode
+        self.flops: dict[fx.Node, int] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         before = self.mode.get_total_flops()

@@ -49,10 +49,11 @@ class _SymbolicRun(fx.Interpreter):
         except Exception:
             module = self.module.get_submodule(str(target))
             x = args[0] if args else None
+            out_features = getattr(module, "out_features", None)
             if getattr(module, "fxforge_op", None) != "linear" or not isinstance(x, torch.Tensor) \
-                    or not isinstance(getattr(module, "out_features", None), int):
+                    or not isinstance(out_features, int):
                 raise
-            return x.new_empty((*x.shape[:-1], module.out_features))
+            return x.new_empty((*x.shape[:-1], out_features))
 
     def run_node(self, n: fx.Node) -> Any:
         try:
@@ -78,14 +79,18 @@ def time_axes(gm: fx.GraphModule, flat: list[Any], which: int, seq_dim: int,
     """
     env = ShapeEnv(duck_shape=False)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
-    fakes = []
+    fakes: list[Any] = []
     for value in flat:
         if isinstance(value, torch.Tensor):
-            context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * value.dim())
+            dynamic = [DimDynamic.DYNAMIC] * value.dim()
+            context: StatelessSymbolicContext[..., Any] = StatelessSymbolicContext(dynamic_sizes=dynamic)
             fakes.append(mode.from_tensor(value, symbolic_context=context))
         else:
             fakes.append(value)
     time_size = fakes[which].shape[seq_dim]
+    if not isinstance(time_size, torch.SymInt):  # the shape environment keeps sizes 0 and 1 constant
+        raise TimeAxisError(f"axis {seq_dim} of {name!r} has length {time_size}: give an input with a longer "
+                            "time axis to follow it")
     run = _SymbolicRun(gm, env, time_size, name)
     with mode, enable_python_dispatcher():  # decompositions that take symbolic sizes (an FFT's n)
         run.run(*fakes)

@@ -143,3 +143,15 @@ def test_int8_lowered_graph_followed_through_its_linear_kernels() -> None:
         assert info.causal is causal, describe(info)
         rec = mg.meta(mg.node("lm_head")).software.get(CausalityRecord)
         assert rec is not None and rec.time_axes == (1,)
+
+
+def test_time_axes_of_a_length_one_axis_refused_by_name() -> None:
+    """The shape environment keeps a size-1 axis constant, so there is no time symbol to follow: a
+    TimeAxisError naming the input, not an AttributeError from inside the symbolic run."""
+    from fxforge.passes.analysis.time_axes import TimeAxisError, time_axes
+
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    with pytest.raises(TimeAxisError, match="axis 1 of 'x' has length 1"):
+        time_axes(gm, [torch.randn(2, 1, 4)], 0, 1, "x")
+    axes = time_axes(gm, [torch.randn(2, 5, 4)], 0, 1, "x")
+    assert axes[next(iter(gm.graph.nodes))] == (1,)
