@@ -18,11 +18,17 @@ def _checkpoint(path: Path) -> Path:
 
 
 @app.command()
-def verify(ckpt: Ckpt) -> None:
-    """Check manifest hashes, the target allowlist, reload, a run on the example inputs, and recorded outputs."""
+def verify(
+    ckpt: Ckpt,
+    expected_sha256: Annotated[str | None, typer.Option(
+        "--expected-sha256", help="The manifest SHA-256 the checkpoint's publisher printed; refuse any other.")]
+    = None,
+) -> None:
+    """Check manifest hashes, the target allowlist, reload, a run on the example inputs, and recorded outputs;
+    prints the manifest's SHA-256 (the digest to publish and pin)."""
     from ..graph.verify import verify_checkpoint
 
-    report, _ = verify_checkpoint(_checkpoint(ckpt))
+    report, _ = verify_checkpoint(_checkpoint(ckpt), expected_sha256=expected_sha256)
     typer.echo(report.text())
     if not report.ok:
         failed = next(c for c in report.checks if c.status == "failed")

@@ -15,6 +15,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Iterable
@@ -27,9 +28,10 @@ from .limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
 from .targets import CheckpointError
 
 __all__ = ["MANIFEST", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_MANIFEST_BYTES", "json_depth", "loads_json",
-           "read_verified", "write_checkpoint_dir"]
+           "manifest_sha256", "read_verified", "write_checkpoint_dir"]
 
 MANIFEST = "manifest.json"
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _SCAN_CHUNK = 1 << 20  # bytes per step of json_depth
 _STEPS = np.zeros(256, dtype=np.int8)
 _STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
@@ -134,11 +136,34 @@ def _read_file(path: Path, size: int | None, limit: int) -> bytes:
         os.close(fd)
 
 
+def _digest_form(expected_sha256: Any) -> str:
+    if not isinstance(expected_sha256, str) or not _HEX64.fullmatch(expected_sha256):
+        raise CheckpointError(f"expected_sha256 must be 64 hexadecimal digits (the SHA-256 of {MANIFEST} that "
+                              f"`fxforge verify` prints), got {str(expected_sha256)[:80]!r}")
+    return expected_sha256.lower()
+
+
+def check_digest(data: bytes, expected_sha256: Any, what: Path | str) -> None:
+    """Refuse ``data`` (a manifest) unless its SHA-256 is the pinned ``expected_sha256`` (64 hex digits)."""
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != _digest_form(expected_sha256):
+        raise CheckpointError(f"{what}: SHA-256 {actual} is not the expected {expected_sha256.lower()}: this is not "
+                              "the checkpoint that digest was published for")
+
+
+def manifest_sha256(root: str | Path) -> str:
+    """The SHA-256 of a checkpoint's manifest: the digest to publish or pin (it covers every file's hash)."""
+    return hashlib.sha256(_read_file(Path(root) / MANIFEST, None, MAX_MANIFEST_BYTES)).hexdigest()
+
+
 def read_verified(root: Path, fmt: str, versions: Iterable[int], required: Iterable[str],
-                  optional: Iterable[str] = ()) -> tuple[dict[str, bytes], int]:
+                  optional: Iterable[str] = (), expected_sha256: str | None = None) -> tuple[dict[str, bytes], int]:
     """Every file the manifest lists, read once and checked (size, SHA-256) before anything is parsed,
-    and the manifest's schema version (exactly one of ``versions``)."""
+    and the manifest's schema version (exactly one of ``versions``). With ``expected_sha256`` the
+    manifest's own bytes must have that digest before they are parsed (provenance, not just integrity)."""
     root = Path(root)
+    if expected_sha256 is not None:
+        _digest_form(expected_sha256)  # the argument's form, before touching the file system
     if root.is_symlink():
         raise CheckpointError(f"{root}: is a symbolic link; give the checkpoint directory itself")
     if not root.is_dir():
@@ -146,7 +171,10 @@ def read_verified(root: Path, fmt: str, versions: Iterable[int], required: Itera
     mpath = root / MANIFEST
     if not os.path.lexists(mpath):
         raise CheckpointError(f"{mpath}: missing; {root} is not a complete checkpoint")
-    manifest = loads_json(_read_file(mpath, None, MAX_MANIFEST_BYTES), f"{mpath}: unreadable or corrupt manifest")
+    raw = _read_file(mpath, None, MAX_MANIFEST_BYTES)
+    if expected_sha256 is not None:
+        check_digest(raw, expected_sha256, mpath)
+    manifest = loads_json(raw, f"{mpath}: unreadable or corrupt manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != fmt or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{mpath}: unreadable or corrupt manifest (not a {fmt} manifest)")
     got, versions = manifest.get("schema_version"), tuple(versions)

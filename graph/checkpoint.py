@@ -35,7 +35,7 @@ from .checkpoint_load import (
 )
 from .checkpoint_values import check_node_name, check_path, encode_value, join
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
-from .metadata import get_meta, has_meta
+from .metadata import dtype_name, get_meta, has_meta
 from .reference_outputs import outputs_of
 from .stored_writes import StoredReach
 from .targets import CheckpointError, is_identifier
@@ -61,7 +61,7 @@ def _collect_state(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.
         if type(t) not in (torch.Tensor, nn.Parameter) or t.layout != torch.strided or t.is_meta:
             raise CheckpointError(f"tensor {name!r} ({type(t).__name__}, {t.layout}) cannot be stored: only "
                                   "dense tensors with real data are supported")
-        entries.append({"name": name, "kind": kind, **extra})
+        entries.append({"name": name, "kind": kind, **extra, "shape": list(t.shape), "dtype": dtype_name(t.dtype)})
         if id(t) in seen:
             entries[-1]["alias_of"] = seen[id(t)]
         else:

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from .forge_graph import ForgeGraph
 
 FORMAT = "fxforge-checkpoint"
-CHECKPOINT_SCHEMA_VERSION = 2  # 2: pytree structure in fxforge's schema (1: torch treespec JSON, translated)
-READABLE_VERSIONS = (1, 2)
+CHECKPOINT_SCHEMA_VERSION = 3  # 3: every tensor's shape and dtype recorded; 2: pytree structure in fxforge's
+READABLE_VERSIONS = (1, 2, 3)    # schema; 1: torch treespec JSON (translated)
 GRAPH, METADATA, WEIGHTS, INPUTS = "graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors"
 OUTPUTS = "reference_outputs.safetensors"  # optional: graph/reference_outputs, checked by `fxforge verify`
 DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS, OUTPUTS)
@@ -98,12 +98,27 @@ def _build_modules(gm: fx.GraphModule, doc: dict[str, Any]) -> set[int]:
     return configured
 
 
+def _check_record(i: int, e: dict[str, Any], value: torch.Tensor, wpath: Path, version: int) -> None:
+    """A tensor must have the shape and dtype graph.json records for it (required from schema 3 on)."""
+    if version < 3 and "shape" not in e and "dtype" not in e:
+        return
+    shape, dtype = e.get("shape"), e.get("dtype")
+    if not isinstance(shape, list) or len(shape) > 64 or not all(type(s) is int and s >= 0 for s in shape) \
+            or not isinstance(dtype, str) or not is_identifier(dtype) or dtype.startswith("_") \
+            or not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise CheckpointError(f"{wpath.with_name(GRAPH)}: tensors[{i}] ({e['name']!r}): shape must be a list of at "
+                              "most 64 non-negative integers and dtype a torch dtype name")
+    if (tuple(value.shape), value.dtype) != (tuple(shape), getattr(torch, dtype)):
+        raise CheckpointError(f"{wpath}: tensor {e['name']!r} is {tuple(value.shape)} {value.dtype}; {GRAPH} records "
+                              f"{tuple(shape)} {getattr(torch, dtype)}")
+
+
 def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, torch.Tensor], wpath: Path,
-                    configured: set[int]) -> None:
-    """Attach parameters, buffers and constants, re-tying aliases; every stored tensor must be used, and a
-    configured module's tensors must have the shape and dtype its config built."""
+                    configured: set[int], version: int) -> None:
+    """Attach parameters, buffers and constants, re-tying aliases; every stored tensor must be used and have
+    the shape and dtype graph.json records, and a configured module's tensors those its config built."""
     made: dict[str, torch.Tensor] = {}
-    for e in doc["tensors"]:
+    for i, e in enumerate(doc["tensors"]):
         name, kind, alias = e["name"], e["kind"], e.get("alias_of")
         *parents, attr = check_path(name, "tensors")
         owner = gm.get_submodule(".".join(parents))
@@ -120,6 +135,7 @@ def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, 
             if (tuple(declared.shape), declared.dtype) != (tuple(value.shape), value.dtype):
                 raise CheckpointError(f"{wpath}: tensor {name!r} is {tuple(value.shape)} {value.dtype}, its module "
                                       f"declares {tuple(declared.shape)} {declared.dtype}")
+        _check_record(i, e, value, wpath, version)
         if kind == "parameter":
             if not isinstance(value, nn.Parameter):
                 value = nn.Parameter(value, requires_grad=bool(e.get("requires_grad", True)))
@@ -239,23 +255,27 @@ def _restore_metadata(graph: fx.Graph, doc: Any, mpath: Path) -> None:
         set_meta(nodes[name], meta)
 
 
-def reference_outputs(path: str | Path) -> dict[str, torch.Tensor] | None:
+def reference_outputs(path: str | Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor] | None:
     """The outputs recorded at export (manifest-verified), or None when the checkpoint recorded none."""
     root = Path(path)
-    payloads, _ = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS, OUTPUTS))
+    payloads, _ = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS, OUTPUTS),
+                                expected_sha256)
     return _parse(root, OUTPUTS, payloads) if OUTPUTS in payloads else None
 
 
-def load_checkpoint(path: str | Path) -> ForgeGraph:
+def load_checkpoint(path: str | Path, expected_sha256: str | None = None) -> ForgeGraph:
     """Load a checkpoint written by :func:`save_checkpoint`; CheckpointError names the failing file.
 
     The manifest is verified first and every target is resolved through the allowlist, so loading
-    never runs code the checkpoint chose. Nothing is returned unless every step succeeded.
+    never runs code the checkpoint chose. Nothing is returned unless every step succeeded. The manifest
+    proves integrity only (anyone can re-hash edited files); ``expected_sha256``, the manifest digest
+    its publisher printed with ``fxforge verify``, proves it is that very checkpoint.
     """
     from .forge_graph import ForgeGraph, PassRecord
 
     root = Path(path)
-    payloads, version = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS, OUTPUTS))
+    payloads, version = read_verified(root, FORMAT, READABLE_VERSIONS, (GRAPH, METADATA, WEIGHTS), (INPUTS, OUTPUTS),
+                                      expected_sha256)
     gpath = root / GRAPH
     doc = _parse(root, GRAPH, payloads)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("schema_version") != version \
@@ -269,7 +289,7 @@ def load_checkpoint(path: str | Path) -> ForgeGraph:
             raise CheckpointError(f"bad class name {class_name!r} or frontend {frontend!r}"[:300])
         gm = fx.GraphModule(nn.Module(), fx.Graph(), class_name=class_name)
         configured = _build_modules(gm, doc)
-        _attach_tensors(gm, doc, weights, root / WEIGHTS, configured)
+        _attach_tensors(gm, doc, weights, root / WEIGHTS, configured, version)
         graph = _build_graph(gm, doc, version)
         gm.graph = graph  # recompiles: the code is generated from checked identifiers and allowlisted nodes only
         graph.lint()

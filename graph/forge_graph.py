@@ -230,11 +230,12 @@ class ForgeGraph:
         return save_checkpoint(self, path)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path) -> ForgeGraph:
-        """Load a checkpoint written by :meth:`export`; verifies hashes and resolves targets by allowlist."""
+    def from_checkpoint(cls, path: str | Path, expected_sha256: str | None = None) -> ForgeGraph:
+        """Load a checkpoint written by :meth:`export`; verifies hashes and resolves targets by allowlist.
+        ``expected_sha256``: the published manifest digest (``fxforge verify`` prints it) the checkpoint must have."""
         from .checkpoint import load_checkpoint
 
-        return load_checkpoint(path)
+        return load_checkpoint(path, expected_sha256)
 
     def draw(self, path: str | Path) -> Path:
         """Write an SVG picture of the graph."""

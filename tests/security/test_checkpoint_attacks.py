@@ -149,7 +149,7 @@ def test_deeply_nested_json_is_a_clean_error(ckpt: Path, name: str) -> None:
     _load_refused(ckpt, f"nested .* deep \\(at most {MAX_JSON_DEPTH}")
 
 
-@pytest.mark.parametrize("version", [0, -1, 3, "2", True, 1.0, None])
+@pytest.mark.parametrize("version", [0, -1, 4, "3", True, 3.0, None])
 def test_schema_version_is_checked_exactly(ckpt: Path, version: Any) -> None:
     manifest = json.loads((ckpt / "manifest.json").read_text())
     manifest["schema_version"] = version
@@ -159,7 +159,7 @@ def test_schema_version_is_checked_exactly(ckpt: Path, version: Any) -> None:
 
 def test_graph_schema_must_match_the_manifest(ckpt: Path) -> None:
     edit_json(ckpt, "graph.json", lambda g: g.__setitem__("schema_version", 0))
-    _load_refused(ckpt, "not an fxforge graph of schema version 2")
+    _load_refused(ckpt, "not an fxforge graph of schema version 3")
 
 
 def test_node_named_self_is_refused(ckpt: Path) -> None:
