@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from security_helpers import export_ckpt, remanifest  # noqa: F401
 from fxforge import CheckpointError, ForgeGraph
 
 EXAMPLES = int(os.environ.get("FXFORGE_FUZZ_EXAMPLES", "100"))
+BUDGET_S = 20.0  # CPU seconds per input: a load takes well under one; the quadratic escape scan took hours
 CANARY = Path(tempfile.gettempdir()) / "fxforge_fuzz_canary"
 PAYLOADS = [
     f"x':x}}), self._in_spec)\n__import__('os').system('touch {CANARY}')\ndef _f(self, x):\n    x, = ([], {{'x",
@@ -77,7 +79,11 @@ def test_mutated_checkpoint_loads_or_fails_cleanly(export_ckpt: Path, data: st.D
         doc = json.loads((ckpt / name).read_text())
         for _ in range(rounds):
             doc = _mutate(doc, data)
-        (ckpt / name).write_text(json.dumps(doc))
+        text = json.dumps(doc).encode()
+        if data.draw(st.integers(0, 4)) == 0:  # cut short into a long run of escaped quotes (quadratic before)
+            cut = data.draw(st.integers(0, len(text)))
+            text = text[:cut] + b'"' + b'\\"' * data.draw(st.integers(1, 200_000))
+        (ckpt / name).write_bytes(text)
         if name != "manifest.json":
             remanifest(ckpt)
         opened: list[str] = []
@@ -85,11 +91,14 @@ def test_mutated_checkpoint_loads_or_fails_cleanly(export_ckpt: Path, data: st.D
         with monkeypatch.context() as m:
             m.setattr(os, "open", lambda p, *a, **k: opened.append(os.fspath(p)) or real_open(p, *a, **k))
             RAN["mutations"] += 1
+            start = time.process_time()
             try:
                 ForgeGraph.from_checkpoint(ckpt)
                 RAN["loaded"] += 1
             except CheckpointError:
                 RAN["refused"] += 1
+            spent = time.process_time() - start
+        assert spent < BUDGET_S, f"one mutated checkpoint took {spent:.1f} s of CPU (budget {BUDGET_S} s)"
         assert not CANARY.exists(), "a mutated checkpoint ran code"
         outside = [p for p in opened if not os.path.abspath(p).startswith(str(ckpt))]
         assert not outside, f"opened files outside the checkpoint: {outside}"
