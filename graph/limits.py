@@ -64,7 +64,8 @@ def check_graph_size(doc: Any, where: str) -> GraphSize:
     CheckpointError naming ``where`` and the field when any is over its limit. Linear in the document."""
     if not isinstance(doc, dict):
         return GraphSize(0, 0, 0, 0, 0, 0)
-    nodes = doc.get("nodes") if isinstance(doc.get("nodes"), list) else []
+    listed = doc.get("nodes")
+    nodes: list[Any] = listed if isinstance(listed, list) else []
     modules = _length(doc, "modules") + _length(doc, "module_aliases")
     for field, count, limit in (("nodes", len(nodes), MAX_NODES), ("modules", modules, MAX_MODULES),
                                 ("tensors", _length(doc, "tensors"), MAX_TENSORS)):
