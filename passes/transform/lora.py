@@ -51,7 +51,7 @@ from ..select import Selector, iter_layers, parse_selector_fields, select_module
 from .lora_dropout import DropoutDown
 
 LoraInit = Literal["kaiming", "gaussian"]
-LORA_INITS: tuple[str, ...] = ("kaiming", "gaussian")
+LORA_INITS: tuple[LoraInit, ...] = ("kaiming", "gaussian")
 DEFAULT_TARGETS: Selector = Selector.parse({"type": "linear"})
 
 
@@ -67,8 +67,15 @@ def check_lora_hparams(rank: Any, alpha: Any, dropout: Any, init: Any = "kaiming
         raise ValueError(f"'alpha' must be a finite number > 0 (scaling = alpha / rank), got {alpha!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"'dropout' must be a probability in [0, 1), got {dropout!r}")
-    if init not in LORA_INITS:
-        raise ValueError(f"'init' must be one of {list(LORA_INITS)}, got {init!r}")
+    lora_init(init)
+
+
+def lora_init(value: object) -> LoraInit:
+    """``value`` checked to be an adapter initialisation name; ValueError naming the allowed ones."""
+    for name in LORA_INITS:
+        if value == name:
+            return name
+    raise ValueError(f"'init' must be one of {list(LORA_INITS)}, got {value!r}")
 
 
 class LoraLinear(nn.Module):
@@ -148,7 +155,7 @@ def _lora_config(m: LoraLinear) -> dict[str, Any]:
 
 def _lora_from_config(c: dict[str, Any]) -> LoraLinear:
     base = nn.Linear(int(c["in_features"]), int(c["out_features"]), bias=bool(c["bias"]))
-    return LoraLinear(base, int(c["rank"]), float(c["alpha"]), float(c["dropout"]), str(c.get("init", "kaiming")))
+    return LoraLinear(base, int(c["rank"]), float(c["alpha"]), float(c["dropout"]), lora_init(c.get("init", "kaiming")))
 
 
 checkpoint_targets.register_module(LoraLinear, _lora_config, _lora_from_config, name="fxforge.LoraLinear",
@@ -317,13 +324,15 @@ class FuseLoraArgs:
 def fused_linear(module: LoraLinear) -> nn.Linear:
     """A copy of the base layer (its class: a quantized base stays quantized, with its quantizers) with
     weight ``W + (B @ A) * scaling`` and the base's bias (copied, not shared)."""
+    # imported here: passes/prune declares graph properties that are registered after this module loads
+    from ..prune.modules import is_masked
+
     base = module.base
     new = copy.deepcopy(base)
     new.weight = nn.Parameter(module.merged_weight().clone(), requires_grad=base.weight.requires_grad)
     new.train(base.training)
-    mask = getattr(base, "weight_mask", None)
-    if isinstance(mask, torch.Tensor):  # a pruned base (passes/prune): the copy keeps its masks; zero what they cut
-        new.set_masks(mask, getattr(base, "bias_mask", None))
+    if is_masked(new):  # a pruned base (passes/prune): the copy keeps its masks; zero what they cut
+        new.set_masks(new.weight_mask, new.bias_mask)
     return new
 
 
@@ -339,7 +348,7 @@ def _is_quantized(layer: nn.Module) -> bool:
     return isinstance(layer, _QuantizedLayer)
 
 
-def _weight_error(lora: LoraLinear, fused: nn.Module) -> float:
+def _weight_error(lora: LoraLinear, fused: nn.Linear) -> float:
     """max |q(W + BA·s) - (q(W) + BA·s)|: how far the fused layer's applied weight is from the adapted one's."""
     q = getattr(fused, "weight_quantizer", None)
     with torch.no_grad():

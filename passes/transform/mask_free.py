@@ -42,24 +42,24 @@ MASK_FREE_OPS: tuple[str, ...] = ("relu", "softshrink")
 
 class _ReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         ctx.save_for_backward(torch.relu(torch.sign(x)))  # 1 where x > 0, else 0: what ReLU's gradient passes
         return torch.relu(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         (mask,) = ctx.saved_tensors
         return grad * mask
 
 
 class _Softshrink(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, lambd: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, lambd: float) -> Tensor:
         ctx.save_for_backward(torch.relu(torch.sign(x.abs() - lambd)))  # 1 where |x| > lambd, else 0
         return F.softshrink(x, lambd)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (mask,) = ctx.saved_tensors
         return grad * mask, None
 
