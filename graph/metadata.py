@@ -177,6 +177,9 @@ class MetaRecord:
     """
 
     record_name: ClassVar[str] = ""
+    # set by @dataclass on every subclass (register_record refuses one without it): what dataclasses.fields
+    # and asdict read, declared here so that a MetaRecord type-checks as a dataclass instance
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
 
 R = TypeVar("R", bound=MetaRecord)
@@ -200,7 +203,7 @@ def register_record(name: str):
 
 def _record_from_json(cls: type[MetaRecord], data: dict[str, Any]) -> MetaRecord:
     kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if f.name in data:
             value = data[f.name]
             hint = str(f.type)
@@ -234,7 +237,7 @@ class MetaSection:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            name: jsonable(dataclasses.asdict(rec), strict=True)  # type: ignore[call-overload]
+            name: jsonable(dataclasses.asdict(rec), strict=True)
             for name, rec in sorted(self._records.items())
         }
 

@@ -111,6 +111,12 @@ def test_unregistered_record_and_missing_metadata_errors(tiny_bert: nn.Module) -
 
     with pytest.raises(TypeError, match="registered"):
         MetaSection().set(Loose())
+
+    class NotADataclass(MetaRecord):  # MetaRecord declares __dataclass_fields__ for the type checker only
+        x: int = 0
+
+    with pytest.raises(TypeError, match="NotADataclass must be a dataclass"):
+        register_record("test.not_a_dataclass")(NotADataclass)
     with pytest.raises(ValueError, match="unknown metadata record"):
         MetaSection.from_json({"nope": {}})
     mg = ForgeGraph(tiny_bert)
