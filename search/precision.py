@@ -73,6 +73,9 @@ class MixedPrecisionSpace(SearchSpace):
             raise SearchError("precision space: 'formats' must name at least one format")
         self.formats: dict[str, dict[str, tuple[Any, ...]]] = {}
         for name, params in formats.items():
+            if not isinstance(params, Mapping):
+                raise SearchError(f"precision space: format {str(name)[:40]!r} must be a table of parameter choices, "
+                                  f"got {type(params).__name__}")
             try:
                 fmt = get_format(name)
             except QuantizeConfigError as exc:
@@ -147,8 +150,8 @@ class MixedPrecisionSpace(SearchSpace):
         if choices is None or "weight" not in self.roles:
             return []
         specs = []
-        for width in choices.get("width", ()):
-            fracs = [f for f in choices.get("frac_width", ()) if f == AUTO or f <= width]
+        for width in (w for w in choices.get("width", ()) if type(w) is int):  # other choices are pruned per trial
+            fracs = [f for f in choices.get("frac_width", ()) if f == AUTO or type(f) is int and f <= width]
             ints = [f for f in fracs if f != AUTO]
             for frac in ([max(ints)] if ints else []) + ([AUTO] if AUTO in fracs else []):
                 specs.append(RoleSpec("integer", (("frac_width", frac), ("width", width))))

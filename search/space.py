@@ -138,7 +138,7 @@ def space_from_spec(spec: Mapping[str, Any]) -> SearchSpace:
     if not isinstance(spec, Mapping) or "kind" not in spec:
         raise SearchError(f"a space spec needs a 'kind' (one of {sorted(SPACES)}), got {spec!r}")
     kind = spec["kind"]
-    if kind not in SPACES:
+    if not isinstance(kind, str) or kind not in SPACES:
         raise SearchError(f"unknown space kind {kind!r}; known: {sorted(SPACES)}")
     return SPACES[kind]({k: v for k, v in spec.items() if k != "kind"})
 
