@@ -81,7 +81,7 @@ class MaskedLayer(nn.Module):
             return x
         return x * activation_mask(x, self.act_sparsity, self.act_method, self.act_scope)
 
-    def _adopt(self, layer: nn.Linear | nn.Conv1d | nn.Conv2d) -> Self:
+    def _adopt_masked(self, layer: nn.Linear | nn.Conv1d | nn.Conv2d) -> Self:
         """Take ``layer``'s parameters (shared, not copied) and training mode; masks start all-kept."""
         self.weight, self.bias = layer.weight, layer.bias
         self._init_masks()
@@ -108,7 +108,7 @@ class PrunedLinear(MaskedLayer, nn.Linear):  # type: ignore[misc]  # torch types
     def from_float(cls, layer: nn.Linear) -> PrunedLinear:
         with torch.device("meta"):
             new = cls(layer.in_features, layer.out_features, layer.bias is not None)
-        return new._adopt(layer)
+        return new._adopt_masked(layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.masked_input(x), self.masked_weight(), self.masked_bias())
@@ -127,7 +127,7 @@ class _PrunedConv(MaskedLayer):
         kw = {k: getattr(layer, k) for k in _CONV_KEYS}
         with torch.device("meta"):
             new = cls(**kw, bias=layer.bias is not None)
-        return new._adopt(layer)
+        return new._adopt_masked(layer)
 
 
 class PrunedConv1d(_PrunedConv, nn.Conv1d):

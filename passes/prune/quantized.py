@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ...graph import targets
@@ -32,7 +33,10 @@ class QuantizedPrunedLinear(MaskedLayer, QuantizedLinear):
         self._init_masks(act_sparsity, act_method, act_scope)
 
     @classmethod
-    def from_float(cls, layer: PrunedLinear, quant: OpQuantConfig) -> QuantizedPrunedLinear:  # type: ignore[override]
+    def from_float(cls, layer: nn.Module, quant: OpQuantConfig) -> QuantizedPrunedLinear:
+        """The quantized twin of a PrunedLinear (the layer this class is registered for), masks copied."""
+        if not isinstance(layer, PrunedLinear):
+            raise TypeError(f"QuantizedPrunedLinear quantizes a PrunedLinear, got a {type(layer).__name__}")
         with torch.device("meta"):
             new = cls(layer.in_features, layer.out_features, layer.bias is not None, quant, **layer.mask_config())
         QuantizedLinear._adopt(new, layer)  # shared parameters, quantizers built on the layer's device
