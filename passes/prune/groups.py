@@ -233,7 +233,10 @@ class _LabelInterpreter(fx.Interpreter):
                 lab_args.append(a)
         if n.op == "call_method":
             return getattr(lab_args[0], str(n.target))(*lab_args[1:], **kwargs)
-        return n.target(*lab_args, **kwargs)  # type: ignore[operator]
+        if not callable(n.target):  # a call_function node's target is the function it calls
+            raise GroupError(f"dependency analysis: node {n.name!r} ({n.op}) has a target {n.target!r} that "
+                             "is not callable")
+        return n.target(*lab_args, **kwargs)
 
     def _binary(self, n: fx.Node, value: torch.Tensor) -> torch.Tensor:
         out = torch.full(value.shape, -1, dtype=torch.long)

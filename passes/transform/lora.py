@@ -178,7 +178,8 @@ class LoraRecord(MetaRecord):
 
 def lora_layers(gm: fx.GraphModule) -> list[tuple[fx.Node, str, LoraLinear]]:
     """(node, path, module) of every call_module node whose module is a LoraLinear."""
-    return [(layer.node, layer.path, layer.module) for layer in iter_layers(gm, LoraLinear)]  # type: ignore[misc]
+    return [(layer.node, layer.path, layer.module) for layer in iter_layers(gm, LoraLinear)
+            if isinstance(layer.module, LoraLinear)]  # always (iter_layers filtered by type): typed as one
 
 
 register_property("lora", lambda graph: any(True for _ in iter_layers(graph.model, LoraLinear)),
