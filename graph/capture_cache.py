@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import enum
 import types
+import typing
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -202,7 +203,7 @@ def _fresh_graph(graph: fx.Graph) -> fx.Graph:
     copied = new.graph_copy(graph, {}, return_output_node=True)
     new._codegen = copy_codegen(graph._codegen)
     if copied is not None:
-        value, old_output = copied  # type: ignore[misc]
+        value, old_output = typing.cast(tuple[Any, fx.Node], copied)  # return_output_node=True: (value, node)
         new.output(value, type_expr=getattr(old_output, "type", None)).meta = copy.copy(old_output.meta)
     for node in new.nodes:
         if "nn_module_stack" in node.meta:

@@ -7,6 +7,7 @@ on it. The GraphModule is ``mg.model``; node metadata lives on its nodes (graph/
 from __future__ import annotations
 
 import copy
+import typing
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ def _copy_graph(graph: fx.Graph, memo: dict[int, Any]) -> fx.Graph:
     copied = new.graph_copy(graph, memo, return_output_node=True)  # type: ignore[arg-type]
     new._codegen = copy_codegen(graph._codegen, memo)
     if copied is not None:
-        value, old_output = copied  # type: ignore[misc]
+        value, old_output = typing.cast(tuple[Any, fx.Node], copied)  # return_output_node=True: (value, node)
         new.output(value, type_expr=getattr(old_output, "type", None)).meta = copy.copy(old_output.meta)
     return new
 

@@ -178,7 +178,9 @@ class Pipeline:
         except (TypeError, ValueError) as exc:
             raise PipelineError(f"pipeline {self.name!r}: contract checks need batches: {exc} "
                                 "(give data=[batch, ...] or verify=False)") from None
-        started, reports, done = time.perf_counter(), [], []
+        started = time.perf_counter()
+        reports: list[StepReport] = []
+        done: list[Step] = []
         pos = len(mg.history)
         mg.history.append(self._record(done, 0, verify))
         for step in self.steps:
