@@ -14,6 +14,11 @@ from .app import app
 from .errors import CliError
 
 MaybeInt = Annotated[int | None, typer.Option(help="Override the config's n_trials (the study's total).")]
+OutputRoot = Annotated[Path | None, typer.Option(
+    "--output-root", help="Directory the paths the file names for writing resolve under (default: the current "
+                          "directory).")]
+AllowOutside = Annotated[bool, typer.Option(
+    "--allow-outside-root", help="Let the file write outside the output root (absolute paths, '..').")]
 
 
 def _read_toml(path: Path, what: str) -> dict[str, Any]:
@@ -54,13 +59,15 @@ def run(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline TOML file.")],
     model: Annotated[str, typer.Argument(help="Model to capture (as for inspect).")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Checkpoint directory to export.")],
+    output_root: OutputRoot = None,
+    allow_outside_root: AllowOutside = False,
 ) -> None:
     """Run the pipeline PIPELINE.toml on MODEL and export the result as a checkpoint."""
     _read_toml(pipeline, "pipeline file")
     pipeline_cls = _feature("fxforge.pipelines", "Pipeline", "pipelines")
     from .resolve import load_graph
 
-    pipe = pipeline_cls.from_toml(pipeline)
+    pipe = pipeline_cls.from_toml(pipeline, output_root=output_root, allow_outside_root=allow_outside_root)
     mg, source = load_graph(model)
     typer.echo(f"running {pipeline} on {source}")
     graph, report = pipe(mg)
@@ -82,6 +89,8 @@ def search(
                                      "study.")] = None,
     results: Annotated[Path | None, typer.Option(help="Write the results JSON here (for `fxforge report "
                                                       "--search`).")] = None,
+    output_root: OutputRoot = None,
+    allow_outside_root: AllowOutside = False,
 ) -> None:
     """Run the search CONFIG.toml describes, or join a study as a worker: `search worker --storage`.
 
@@ -106,7 +115,7 @@ def search(
         if study is not None:
             overrides["study_name"] = study
         try:
-            built = from_config(doc, **overrides)
+            built = from_config(doc, output_root=output_root, allow_outside_root=allow_outside_root, **overrides)
         except ValueError as exc:  # SearchError: a section or key of this file; name the file too
             raise CliError(f"{config}: {exc}") from None
         result = built.run()

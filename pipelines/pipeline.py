@@ -22,7 +22,7 @@ from ..passes.base import PASSES
 from ..passes.contract import ContractError, current_properties, jsonable, plan_properties
 from .report import PipelineReport, StepReport
 from .steps import ACTIONS, PipelineError, Step, make_step
-from .toml import load_toml
+from .toml import confine_output_paths, load_toml
 from .verify import ContractChecker, ContractResult
 
 __all__ = ["ContractViolation", "Pipeline", "PIPELINE_RECORD"]
@@ -92,11 +92,14 @@ class Pipeline:
         return cls(list(doc["steps"]), **{**kwargs, **overrides})
 
     @classmethod
-    def from_toml(cls, path: str | Path, **overrides: Any) -> Pipeline:
-        """Read a pipeline file (see pipelines/toml.py); errors name the file (and the line of a syntax error)."""
+    def from_toml(cls, path: str | Path, output_root: str | Path | None = None, allow_outside_root: bool = False,
+                  **overrides: Any) -> Pipeline:
+        """Read a pipeline file (see pipelines/toml.py); errors name the file (and the line of a syntax error).
+        Paths it names for writing (export) resolve under ``output_root`` (default: the current directory);
+        ``..`` or absolute ones are refused unless ``allow_outside_root``."""
         doc = load_toml(path)
         try:
-            return cls.from_dict(doc, **overrides)
+            return cls.from_dict(confine_output_paths(doc, output_root, allow_outside_root), **overrides)
         except PipelineError as exc:
             raise PipelineError(f"{path}: {exc}") from None
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..passes.base import PASS_ALIASES, PASSES, PassArgsError, build_args
 from ..passes.contract import EmptyInfo, NumericalContract, PassInfo, PassSpec
@@ -32,6 +32,7 @@ class ExportArgs:
     """path: directory the checkpoint is written to (graph/checkpoint.save_checkpoint)."""
 
     path: str
+    OUTPUT_PATHS: ClassVar[tuple[str, ...]] = ("path",)  # written to: kept under the output root when a file names it
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,8 @@ def make_step(index: int, pass_: str | Callable[..., Any], args: Mapping[str, An
         raise PipelineError(f"{where}: {exc}") from None
     if args is not None and not isinstance(args, Mapping):
         raise PipelineError(f"{where} ({name}): args must be a table/dict, got {type(args).__name__}")
+    if contract is not None and not isinstance(contract, Mapping):
+        raise PipelineError(f"{where} ({name}): contract must be a table of thresholds, got {type(contract).__name__}")
     spec = pass_spec(name, fn)
     try:
         built = _build(name, spec.args_type, args)

@@ -30,6 +30,7 @@ from typing import Any
 
 import optuna
 
+from ..graph.output_paths import resolve_output_path
 from ..graph.toml_file import load_toml_file
 from .errors import SearchError
 from .objectives import Constraint
@@ -157,18 +158,40 @@ def check_resumable(config: Mapping[str, Any], section: Mapping[str, Any]) -> No
                           "(--study) or run_dir, or restore the config")
 
 
-def search_from_config(config: Mapping[str, Any], **overrides: Any) -> Search:
+def _confine(section: dict[str, Any], given: Mapping[str, Any], root: str | Path | None, allow: bool) -> None:
+    """Resolve the paths the config names for writing (run_dir, a journal or SQLite storage file) under the
+    output root (graph/output_paths.py); values the caller passed as overrides are the caller's, kept."""
+    def resolve(key: str, value: str) -> str:
+        return str(resolve_output_path(value, root, allow, f"[search] {key}", SearchError))
+
+    if "run_dir" not in given:
+        section["run_dir"] = resolve("run_dir", str(section.get("run_dir", Search.run_dir)))
+    storage = section.get("storage")
+    if "storage" not in given and isinstance(storage, str):
+        if "://" not in storage:
+            section["storage"] = resolve("storage", storage)
+        elif storage.startswith("sqlite:///") and storage != "sqlite:///":
+            section["storage"] = "sqlite:///" + resolve("storage", storage.removeprefix("sqlite:///"))
+
+
+def search_from_config(config: Mapping[str, Any], *, output_root: str | Path | None = None,
+                       allow_outside_root: bool = False, **overrides: Any) -> Search:
     """Build the :class:`Search` a config describes (``overrides`` replace [search] keys, e.g. storage).
 
     A config describes one study: unless ``resume`` is false, an existing study of the same name created
     from the same config (n_trials, timeout and storage may differ) is continued — ``n_trials`` is the
     study's total, so a larger one adds trials — and one created from another config is refused; with
-    ``resume = false`` any existing study of that name is refused."""
+    ``resume = false`` any existing study of that name is refused.
+
+    Paths the config names for writing (``run_dir``, a journal or ``sqlite:///`` storage) resolve under
+    ``output_root`` (default: the current directory); ``..`` or absolute ones are refused unless
+    ``allow_outside_root`` (overrides are the caller's own and kept as given)."""
     if not isinstance(config, Mapping):
         raise SearchError(f"a search config must be a table, got {type(config).__name__}")
     _check("top level", config, _SECTIONS)
     section = {"resume": True, **_typed("[search]", config.get("search", {}), _SEARCH_TYPES), **overrides}
     _check("search", section, _SEARCH_KEYS)
+    _confine(section, overrides, output_root, allow_outside_root)
     model = _typed("[model]", config.get("model", {}), _MODEL_TYPES)
     task_args = _typed("[task]", config["task"], _TASK_TYPES) if "task" in config else None
     constraints = _constraints(config.get("constraints", []))

@@ -38,5 +38,5 @@ def worker(study_name: str, storage: str, **overrides: Any) -> Any:
         raise SearchError(f"study {study_name!r} was not created from a config, so a worker cannot rebuild it; "
                           "call Search(...).run() with the same arguments and resume=True instead")
     search = search_from_config(json.loads(config), storage=storage, study_name=study_name, resume=True,
-                                **overrides)
+                                allow_outside_root=True, **overrides)  # its run_dir was its creator's; unused here
     return search.run()

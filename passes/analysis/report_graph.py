@@ -21,6 +21,7 @@ class ReportGraphArgs:
     file: str | None = None
     show: bool = True
     MASE_ALIASES: ClassVar[dict[str, str]] = {"file_name": "file"}
+    OUTPUT_PATHS: ClassVar[tuple[str, ...]] = ("file",)  # written to: kept under the output root when a file names it
 
 
 def _describe(values: dict[str, ValueMeta]) -> tuple[str, str]:

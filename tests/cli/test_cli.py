@@ -157,11 +157,11 @@ def test_search_config_runs_then_a_rerun_resumes_and_adds_trials(tmp_path: Path)
     command with --n-trials 3: the study is continued (trials 0-1 kept, trial 2 added); Optuna's per-trial
     lines are written above the progress bar, not into it; a changed config is refused in one line."""
     config = tmp_path / "tiny.toml"
-    config.write_text(SEARCH_TOML.format(run=tmp_path / "run"))
-    first = run_cli("search", str(config), "--results", str(tmp_path / "r1.json"))
+    config.write_text(SEARCH_TOML.format(run="run"))  # run_dir resolves under the output root: the working directory
+    first = run_cli("search", str(config), "--results", str(tmp_path / "r1.json"), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "search tiny:" in first.stderr and _optuna_lines_start_clean(first.stderr) == 2
-    again = run_cli("search", str(config), "--n-trials", "3", "--results", str(tmp_path / "r2.json"))
+    again = run_cli("search", str(config), "--n-trials", "3", "--results", str(tmp_path / "r2.json"), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert _optuna_lines_start_clean(again.stderr) == 1 and "Trial 2 finished" in again.stderr
     one, two = (json.loads((tmp_path / f"r{i}.json").read_text())["trials"] for i in (1, 2))
@@ -169,6 +169,6 @@ def test_search_config_runs_then_a_rerun_resumes_and_adds_trials(tmp_path: Path)
     assert two[:2] == one
     assert all(t["weight_bits"] < json.loads((tmp_path / "r2.json").read_text())["baseline"]["weight_bits"]
                for t in two)
-    config.write_text(SEARCH_TOML.format(run=tmp_path / "run").replace("eval_size = 16", "eval_size = 32"))
-    assert_one_line_error(run_cli("search", str(config)), "study 'tiny' exists, created from a different config",
-                          "--study")
+    config.write_text(SEARCH_TOML.format(run="run").replace("eval_size = 16", "eval_size = 32"))
+    assert_one_line_error(run_cli("search", str(config), cwd=tmp_path),
+                          "study 'tiny' exists, created from a different config", "--study")

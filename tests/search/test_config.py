@@ -27,7 +27,7 @@ CONFIG: dict[str, Any] = {
 
 def _config(tmp_path: Path, **search: Any) -> dict[str, Any]:
     config = copy.deepcopy(CONFIG)
-    config["search"].update(run_dir=str(tmp_path / "run"), **search)
+    config["search"].update(run_dir="run", **search)  # under the output root each call gives (tmp_path)
     return config
 
 
@@ -35,28 +35,28 @@ def test_config_runs_and_a_rerun_continues_only_its_own_study(tmp_path: Path) ->
     """The zoo's tiny BERT, quantized per trial: weight_bits is what the rebuilt graph holds and less than the
     fp32 base; rerunning the config with a larger n_trials adds trials to the same study; a config that
     changed (another task) or resume = false is refused before anything runs."""
-    first = search_from_config(_config(tmp_path)).run()
+    first = search_from_config(_config(tmp_path), output_root=tmp_path).run()
     assert len(first.completed()) == 2
     base_bits = first.baseline["weight_bits"]
     trial = first.completed()[0]
     assert trial.values[1] == weight_bits(first.rebuild(trial)) < base_bits
     params = [t.params for t in first.completed()]
-    again = search_from_config(_config(tmp_path), n_trials=3).run()
+    again = search_from_config(_config(tmp_path), n_trials=3, output_root=tmp_path).run()
     assert [t.number for t in again.completed()] == [0, 1, 2]
     assert [t.params for t in again.completed()[:2]] == params
     changed = _config(tmp_path)
     changed["task"]["eval_size"] = 32
     with pytest.raises(SearchError, match=r"study 'tiny' exists, created from a different config \(task differ"):
-        search_from_config(changed)
+        search_from_config(changed, output_root=tmp_path)
     with pytest.raises(SearchError, match="already exists"):
-        search_from_config(_config(tmp_path, resume=False)).run()
+        search_from_config(_config(tmp_path, resume=False), output_root=tmp_path).run()
 
 
 def test_worker_joins_a_study_from_its_stored_config(tmp_path: Path) -> None:
     """search/worker.py's normal path: the study is created from a config over SQLite, then a worker that
     only knows the storage and the study name rebuilds the search from the study and runs its trials."""
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    search_from_config(_config(tmp_path, n_trials=1, storage=url)).run()
+    search_from_config(_config(tmp_path, n_trials=1), storage=url, output_root=tmp_path).run()
     result = worker("tiny", url, n_trials=2)
     study = optuna.load_study(study_name="tiny", storage=url)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
