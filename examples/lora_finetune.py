@@ -21,6 +21,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import multiprocessing  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -104,7 +105,7 @@ def inference_times(graphs: dict[str, ForgeGraph], inputs: dict[str, torch.Tenso
     for g in graphs.values():
         g.eval()
     with torch.no_grad():
-        return interleaved({k: (lambda g=g: g(**inputs)) for k, g in graphs.items()}, repeats).times
+        return interleaved({k: functools.partial(g, **inputs) for k, g in graphs.items()}, repeats).times
 
 
 def run_variant(mode: str, cfg: dict[str, Any]) -> dict[str, Any]:

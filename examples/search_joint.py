@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import optuna  # noqa: E402
@@ -178,7 +179,7 @@ def remeasure(base: ForgeGraph, task: TextClassificationTask, paths: list[Path],
         with torch.no_grad():
             g.model(**with_labels(g.model, inputs, labels))
 
-    t = interleaved({name: (lambda g=g: forward(g)) for name, g in graphs.items()}, repeats=7)
+    t = interleaved({name: functools.partial(forward, g) for name, g in graphs.items()}, repeats=7)
     base_acc, base_bits = task.accuracy(base), weight_bits(base)
     print(f"re-measured, interleaved (batch {labels.numel()} x {task.max_length}): "
           f"fp32 {1e3 * t.median('fp32'):.0f} ms, accuracy {base_acc:.3f}")

@@ -186,8 +186,10 @@ def _binding(gm: fx.GraphModule, model: nn.Module, node: fx.Node, storages: set[
     original = _attr(model, target)
     if obj is not None and obj is original:
         return (target, "module" if isinstance(obj, nn.Module) else "tensor", target)
-    if isinstance(obj, nn.Linear) and isinstance(original, nn.Module) and is_hf_conv1d(original) and \
-            obj.weight.data_ptr() == original.weight.data_ptr():
+    conv_weight = getattr(original, "weight", None) if isinstance(original, nn.Module) and is_hf_conv1d(original) \
+        else None
+    if isinstance(obj, nn.Linear) and isinstance(conv_weight, torch.Tensor) and \
+            obj.weight.data_ptr() == conv_weight.data_ptr():
         return (target, "conv1d", target)
     tensors = list(obj.parameters()) + list(obj.buffers()) if isinstance(obj, nn.Module) else [obj]
     if not all(isinstance(t, torch.Tensor) for t in tensors) or \

@@ -8,6 +8,7 @@ fine-tuned again) and exported as an fxforge checkpoint.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,11 @@ def pareto_front(trials: Sequence[optuna.trial.FrozenTrial],
             seen.add(key)
             front.append(t)
     return sorted(front, key=lambda t: [-s * v for s, v in zip(signs, t.values)])
+
+
+def _objective_value(trial: optuna.trial.FrozenTrial, index: int) -> float:
+    """The trial's ``index``-th objective value (a plot's target; trials without values are not plotted)."""
+    return float(trial.values[index])
 
 
 def _feasible(t: optuna.trial.FrozenTrial) -> bool:
@@ -130,7 +136,7 @@ class SearchResult:
             figures["optimization_history"] = vis.plot_optimization_history(self.study)
         for i, name in enumerate(self.objectives):
             figures[f"history_{name}"] = vis.plot_optimization_history(
-                self.study, target=lambda t, i=i: t.values[i], target_name=name)
+                self.study, target=functools.partial(_objective_value, index=i), target_name=name)
         for name, fig in figures.items():
             path = out / f"{name}.html"
             fig.write_html(str(path), include_plotlyjs=True, full_html=True)

@@ -331,7 +331,7 @@ class Search:
 
         study = self.open_study()
         for params in self.enqueue:
-            study.enqueue_trial(params, skip_if_exists=True)
+            study.enqueue_trial(dict(params), skip_if_exists=True)  # checked dicts; Optuna types it dict
         self._baseline = self.baseline(study)
         callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [self._finished]
         if self.on_trial is not None:

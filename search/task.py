@@ -185,7 +185,7 @@ class TextClassificationTask(Task):
 
         task = self
 
-        class _Report(TrainerCallback):  # type: ignore[misc]
+        class _Report(TrainerCallback):
             def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **_: Any) -> None:
                 if trial is None or not metrics or "eval_accuracy" not in metrics:
                     return
@@ -196,7 +196,7 @@ class TextClassificationTask(Task):
                     raise optuna.TrialPruned(f"pruned at step {state.global_step} "
                                              f"(accuracy {metrics['eval_accuracy']:.3f})")
 
-        class _Bar(ProgressCallback):  # type: ignore[misc]
+        class _Bar(ProgressCallback):
             """The Trainer's progress bar without its metric dicts (the trial's result says what counts)."""
 
             def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
