@@ -252,7 +252,7 @@ def load_lora_adapters(graph: ForgeGraph, path: str | Path,
                                   f"unexpected {unexpected[:5]}")
     wanted: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
     for e in layers:
-        dtype = gm.get_submodule(e["name"]).weight.dtype
+        dtype = gm.get_parameter(f"{e['name']}.weight").dtype  # checked above: an nn.Linear of that name
         wanted[f"{e['name']}.lora_A"] = ((e["rank"], e["in_features"]), dtype)
         wanted[f"{e['name']}.lora_B"] = ((e["out_features"], e["rank"]), dtype)
     for pname in extras:
