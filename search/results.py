@@ -187,12 +187,12 @@ class SearchResult:
 
     def rebuild(self, trial: optuna.trial.FrozenTrial) -> ForgeGraph:
         """The trial's graph rebuilt from its stored plan (same steps on a fresh copy / a new NAS model)."""
-        from .runner import build_trial_graph, plan_pipelines, run_plan
+        from .runner import plan_pipelines, run_plan
 
         if self.search is None:
             raise ValueError("rebuilding needs the Search that ran the study")
         plan = plan_from_json(trial.user_attrs[PLAN_ATTR])
-        graph = build_trial_graph(self.search._bound, plan, self.search.base, self.search.capture)
+        graph = self.search.start_graph(plan)
         return run_plan(graph, plan, plan_pipelines(plan, self.search.task, graph, f"trial {trial.number}"),
                         self.search.task)
 

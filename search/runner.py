@@ -81,10 +81,13 @@ def _set_constraints(trial: optuna.Trial, violations: Sequence[float]) -> None:
         trial.set_constraint(str(i), float(v))
 
 
-def _fail_interrupted(study: optuna.Study) -> None:
-    """Mark trials left RUNNING by a killed process as FAIL (the embedded store has one writer at a time)."""
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+def _fail_interrupted(storage: optuna.storages.BaseStorage, study_name: str) -> None:
+    """Mark trials left RUNNING by a killed process as FAIL (the embedded store has one writer at a time),
+    through the storage's public BaseStorage methods."""
+    study_id = storage.get_study_id_from_name(study_name)
+    for t in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
 
 
 def trial_pipeline(steps: Sequence[tuple[str, Mapping[str, Any]]], name: str) -> Pipeline | None:
@@ -269,7 +272,7 @@ class Search:
                 raise SearchError(f"study {self.study_name!r} already exists ({len(study.trials)} trials); "
                                   "pass resume=True to continue it, or choose another study_name")
             if StorageSpec(self.storage).kind == "journal":
-                _fail_interrupted(study)
+                _fail_interrupted(storage, self.study_name)
             return study
         study = optuna.create_study(storage=storage, study_name=self.study_name, directions=directions,
                                     sampler=self._make_sampler(), pruner=_pruner(self.pruner))
@@ -297,6 +300,10 @@ class Search:
         return values
 
     # -- trials ---------------------------------------------------------------------------------------
+    def start_graph(self, plan: TrialPlan) -> ForgeGraph:
+        """The graph a trial of ``plan`` starts from (see build_trial_graph), with the space bound to the base."""
+        return build_trial_graph(self._bound, plan, self.base, self.capture)
+
     def evaluate(self, trial: optuna.Trial) -> list[float]:
         """Sample a plan, reuse an identical finished plan's values, else build, run and measure it."""
         t0 = time.perf_counter()
@@ -310,7 +317,7 @@ class Search:
             _set_constraints(trial, trial_result(cached).get("constraints", []))
             return list(cached.values)
         t1 = time.perf_counter()
-        graph = build_trial_graph(self._bound, plan, self.base, self.capture)
+        graph = self.start_graph(plan)
         pipelines = plan_pipelines(plan, self.task, graph, f"trial {trial.number}")
         t2 = time.perf_counter()
         graph = run_plan(graph, plan, pipelines, self.task, trial if len(self._objectives) == 1 else None)

@@ -112,20 +112,56 @@ def test_batched_params_store_exactly_what_optuna_stores(kind: str, request: pyt
     assert "layers" in stored.trials[-1].params
 
 
-def test_search_storage_uses_no_private_optuna_module() -> None:
-    """search/storage.py batches through Optuna's public journal-backend interface only: no ``optuna.*._x``
-    import and no ``._x`` attribute of an Optuna object (an upgrade cannot silently change what it does)."""
+def _private_uses(path: Path) -> list[str]:
+    """Private names a module reaches for: ``optuna.*._x`` imports, ``_x`` names imported from optuna, ``._x``
+    attributes of anything but ``self``/``cls`` and ``getattr``-style calls with a ``"_x"`` name (dunders
+    excepted). fxforge reads its own private attributes only on ``self``, so any other is a dependency's."""
     import ast
 
-    import fxforge.search.storage as module
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
 
-    tree = ast.parse(Path(module.__file__).read_text())
-    imports = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-    imports += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert not [m for m in imports if m.startswith("optuna") and any(p.startswith("_") for p in m.split("."))]
-    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
-                      and not n.attr.startswith("__")})
-    assert private == [], private
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("optuna"):
+            found += [f"from {node.module} import {a.name}" for a in node.names
+                      if private(a.name) or any(private(p) for p in node.module.split("."))]
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names
+                      if a.name.startswith("optuna") and any(private(p) for p in a.name.split("."))]
+        elif isinstance(node, ast.Attribute) and private(node.attr) and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) > 1 and \
+                isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) and \
+                private(node.args[1].value):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_private_uses_are_found(tmp_path: Path) -> None:
+    """_private_uses finds each kind of private reach (else the package scan's empty result proves nothing)."""
+    path = tmp_path / "module.py"
+    path.write_text("from optuna.storages._rdb import models\nfrom optuna.trial import _state\n"
+                    "import optuna._imports\nstudy._storage.set(t._trial_id)\n"
+                    "self._mine = getattr(study, '_storage')\ncls._also = obj.__dict__\n")
+    found = _private_uses(path)
+    assert sorted(found) == sorted(["from optuna.storages._rdb import models", "from optuna.trial import _state",
+                                    "import optuna._imports", "line 4: study._storage", "line 4: t._trial_id",
+                                    "line 5: getattr(study, '_storage')"])
+
+
+def test_search_package_uses_no_private_optuna_api() -> None:
+    """Every module of fxforge.search uses Optuna's public API only (storage batching through the public
+    journal-backend interface, interrupted trials failed through BaseStorage's methods): no private module,
+    name or attribute, so an Optuna upgrade cannot silently change what a search does."""
+    import fxforge.search as package
+
+    modules = sorted(Path(package.__file__).parent.glob("*.py"))
+    assert len(modules) > 10
+    found = {m.name: uses for m in modules if (uses := _private_uses(m))}
+    assert found == {}, found
 
 
 def test_postgres_workers_survive_a_server_restart(tmp_path: Path) -> None:
