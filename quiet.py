@@ -17,7 +17,6 @@ __all__ = ["QUIET_LOGGERS", "quiet"]
 QUIET_LOGGERS = ("transformers", "torchao", "torch.utils._pytree", "huggingface_hub", "datasets", "accelerate",
                  "optuna")
 _HARMLESS_WARNINGS = (
-    r".*isinstance\(treespec, LeafSpec\).*",  # torch deprecation raised while deep-copying pytree specs
     r".*register_constant\(\) on Enum subclasses.*",
     r".*TRANSFORMERS_CACHE.*",
     r".*`resume_download` is deprecated.*",

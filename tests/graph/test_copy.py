@@ -13,6 +13,7 @@ from conftest import bert_inputs, make_tiny_bert
 from pass_cases import registered, run_case
 
 from fxforge import ForgeGraph
+from fxforge.graph.capture import CACHE_HIT_NOTE
 from fxforge.graph.metadata import get_meta, has_meta
 from fxforge.passes import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from fxforge.passes.quantize import QuantizationRecord, quantize_transform_pass
@@ -118,6 +119,17 @@ def test_tutorial_loop_quantizes_a_fresh_copy_per_trial(base: ForgeGraph) -> Non
     assert errors[16] < errors[8] < errors[4]  # each trial really ran at its own width
     with torch.no_grad():
         assert torch.equal(base(**DATA[0]).logits, ref)
+
+
+def test_capture_of_an_hf_model_emits_no_deprecation_warning() -> None:
+    """A fresh capture and a capture-cache hit of an HF model build no new pytree specs either (torch's LeafSpec
+    FutureWarning), so quiet() needs no filter for it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graphs = [ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"], cache=cache)
+                  for cache in (False, True, True)]
+    assert CACHE_HIT_NOTE in graphs[-1].capture_notes
+    assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning | FutureWarning)] == []
 
 
 def test_copy_of_an_hf_graph_emits_no_deprecation_warning(bert_graph: ForgeGraph) -> None:
