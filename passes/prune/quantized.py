@@ -22,7 +22,7 @@ from .modules import MaskedLayer, PrunedLinear
 __all__ = ["QuantizedPrunedLinear"]
 
 
-class QuantizedPrunedLinear(MaskedLayer, QuantizedLinear):
+class QuantizedPrunedLinear(MaskedLayer, QuantizedLinear):  # type: ignore[misc]  # torch types Linear.bias non-Optional
     """``q_out(F.linear(q_in(act_mask(x)), q_w(W * weight_mask), q_b(b * bias_mask)))``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,

@@ -8,8 +8,8 @@ Subclassing the float layer keeps selectors and canonical op names (``linear``..
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, overload
 
 import torch
 import torch.nn as nn
@@ -25,8 +25,12 @@ __all__ = ["QuantizedLinear", "QuantizedConv1d", "QuantizedConv2d", "QuantizedEm
 ROLE_ATTRS: dict[str, str] = {r: f"{r}_quantizer" for r in ("data_in", "weight", "bias", "data_out")}
 
 
-class _QuantizedLayer:
-    """Shared bookkeeping: the op config, one quantizer per role, JSON (de)serialisation."""
+class _QuantizedLayer(nn.Module):
+    """Shared bookkeeping: the op config, one quantizer per role, JSON (de)serialisation (a mix-in, first base
+    of a float layer subclass, whose parameters it declares)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None  # None for a layer built without one (and for an embedding, which has none)
 
     # (channel_axis, block_axis) per role; layers override.
     AXES: dict[str, tuple[int, int]] = {"data_in": (-1, -1), "weight": (0, -1), "bias": (0, -1),
@@ -51,7 +55,17 @@ class _QuantizedLayer:
         """role -> quantizer, for the configured roles."""
         return {r: q for r, a in ROLE_ATTRS.items() if isinstance(q := getattr(self, a, None), Quantize)}
 
+    @overload
+    def _q(self, role: str, x: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def _q(self, role: str, x: None) -> None: ...
+
+    @overload
+    def _q(self, role: str, x: torch.Tensor | None) -> torch.Tensor | None: ...
+
     def _q(self, role: str, x: torch.Tensor | None) -> torch.Tensor | None:
+        """``x`` through the role's quantizer (unchanged for a role without one, None stays None)."""
         q = getattr(self, ROLE_ATTRS[role])
         return x if q is None or x is None else q(x)
 
@@ -60,27 +74,28 @@ class _QuantizedLayer:
         """The quantized twin of ``layer``: built on the meta device from the float layer's constructor config
         (the one checkpoints store), then taking its parameters."""
         config = {k: tuple(v) if isinstance(v, list) else v for k, v in _FLOAT_CONFIGS[cls](layer).items()}
+        build: Callable[..., _QuantizedLayer] = cls  # each layer's constructor takes its float config and quant
         with torch.device("meta"):
-            new = cls(**config, quant=quant)  # type: ignore[call-arg]
+            new = build(**config, quant=quant)
         return new._adopt(layer)
 
     def _adopt(self, layer: nn.Module) -> Any:
         """Take ``layer``'s parameters (shared) and mode; quantizers are rebuilt on its device."""
-        self.weight = layer.weight  # type: ignore[attr-defined]
-        if hasattr(layer, "bias"):  # an embedding has none
-            self.bias = layer.bias  # type: ignore[attr-defined]
-        self._init_quantizers(self.quant, None, getattr(layer, "bias", None) is not None)  # type: ignore[attr-defined]
+        for name in ("weight", "bias"):  # as the float layer holds them (an embedding has no bias, a LayerNorm
+            if hasattr(layer, name):     # without elementwise_affine holds None for both)
+                setattr(self, name, getattr(layer, name))
+        self._init_quantizers(self.quant, None, getattr(layer, "bias", None) is not None)
         device = next((p.device for p in layer.parameters()), torch.device("cpu"))
         for q in self.quantizers().values():
             q.to(device)
-        self.train(layer.training)  # type: ignore[attr-defined]
+        self.train(layer.training)
         return self
 
     def quant_config(self) -> dict[str, Any]:
         return {"quant": self.quant.to_json(), "quantizers": {r: q.to_config() for r, q in self.quantizers().items()}}
 
 
-class QuantizedLinear(_QuantizedLayer, nn.Linear):
+class QuantizedLinear(_QuantizedLayer, nn.Linear):  # type: ignore[misc]  # torch types Linear.bias non-Optional
     """``F.linear(q_in(x), q_w(W), q_b(b))`` followed by ``q_out``."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -101,11 +116,12 @@ class _QuantizedConv(_QuantizedLayer):
 
     AXES = {"data_in": (1, 1), "weight": (0, -1), "bias": (0, -1), "data_out": (1, 1)}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight  # type: ignore[attr-defined]
+    def _quantized_conv(self, x: torch.Tensor, conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None],
+                                                               torch.Tensor]) -> torch.Tensor:
+        """``conv`` (the float layer's own ``_conv_forward``) on the quantized input, weight and bias."""
+        w = self.weight
         wq = self._q("weight", w.flatten(1))
-        y = self._conv_forward(self._q("data_in", x), wq.view_as(w), self._q("bias", self.bias))  # type: ignore
-        return self._q("data_out", y)
+        return self._q("data_out", conv(self._q("data_in", x), wq.view_as(w), self._q("bias", self.bias)))
 
 
 class QuantizedConv1d(_QuantizedConv, nn.Conv1d):
@@ -118,6 +134,9 @@ class QuantizedConv1d(_QuantizedConv, nn.Conv1d):
             raise ValueError("QuantizedConv1d needs a quantization config")
         self._init_quantizers(quant, quantizers, self.bias is not None)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._quantized_conv(x, self._conv_forward)
+
 
 class QuantizedConv2d(_QuantizedConv, nn.Conv2d):
     """Conv2d with quantized input, weight, bias and output."""
@@ -129,11 +148,16 @@ class QuantizedConv2d(_QuantizedConv, nn.Conv2d):
             raise ValueError("QuantizedConv2d needs a quantization config")
         self._init_quantizers(quant, quantizers, self.bias is not None)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._quantized_conv(x, self._conv_forward)
+
 
 class QuantizedLayerNorm(_QuantizedLayer, nn.LayerNorm):
     """LayerNorm with quantized input, affine weight/bias and output."""
 
     AXES = {"data_in": (-1, -1), "weight": (-1, -1), "bias": (-1, -1), "data_out": (-1, -1)}
+    weight: torch.Tensor | None  # type: ignore[assignment]  # None without elementwise_affine (torch types a Parameter)
+    bias: torch.Tensor | None  # type: ignore[assignment]  # None without elementwise_affine or bias
 
     def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, quant: OpQuantConfig | Mapping[str, Any] | None = None,
@@ -183,7 +207,7 @@ class QuantizedEmbedding(_QuantizedLayer, nn.Embedding):
         return q(rows.reshape(-1, self.embedding_dim)).reshape(rows.shape)
 
 
-QUANTIZED_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
+QUANTIZED_LAYERS: dict[type[nn.Module], type[_QuantizedLayer]] = {
     nn.Linear: QuantizedLinear,
     nn.Embedding: QuantizedEmbedding,
     nn.Conv1d: QuantizedConv1d,
@@ -192,7 +216,7 @@ QUANTIZED_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
 }
 
 
-def register_quantized_layer(float_cls: type[nn.Module], quantized_cls: type[nn.Module]) -> None:
+def register_quantized_layer(float_cls: type[nn.Module], quantized_cls: type[_QuantizedLayer]) -> None:
     """Let the quantize pass swap ``float_cls`` (exact type) for ``quantized_cls`` (e.g. pruned layers, whose
     quantized twins keep their masks: passes/prune/quantized.py)."""
     old = QUANTIZED_LAYERS.get(float_cls)
@@ -207,7 +231,7 @@ def build_quantized_layer(layer: nn.Module, quant: OpQuantConfig) -> nn.Module:
     if cls is None:
         raise TypeError(f"no quantized layer for {type(layer).__name__}; supported: "
                         f"{[c.__name__ for c in QUANTIZED_LAYERS]}")
-    return cls.from_float(layer, quant)  # type: ignore[attr-defined]
+    return cls.from_float(layer, quant)
 
 
 def layer_roles(layer: nn.Module) -> tuple[str, ...]:
