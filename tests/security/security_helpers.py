@@ -66,3 +66,36 @@ def export_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shadow tests/conftest.py for modules doing ``from conftest import ...``.
     """
     return tiny_graph("export").export(tmp_path_factory.mktemp("pristine") / "ckpt")
+
+
+def json_paths(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in a JSON document (the root is ``()``), for fuzzers to pick one."""
+    out = [path]
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        out.extend(json_paths(value, (*path, key)))
+    return out
+
+
+def mutate_json(doc: Any, data: Any, values: Any, keys: Any, payloads: Any = None) -> Any:
+    """Replace, delete or insert one value anywhere in ``doc`` (type confusion: any value anywhere): values
+    from the ``values`` strategy, new dict keys from ``keys``; with ``payloads``, also replace by one of them."""
+    from hypothesis import strategies as st
+
+    path = data.draw(st.sampled_from(json_paths(doc)))
+    if not path:
+        return data.draw(values)
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    actions = ["replace", "delete", "insert"] + (["payload"] if payloads is not None else [])
+    action, key = data.draw(st.sampled_from(actions)), path[-1]
+    if action == "delete":
+        del parent[key]
+    elif action == "insert" and isinstance(parent, list):
+        parent.insert(key, data.draw(values))
+    elif action == "insert":
+        parent[data.draw(keys)] = data.draw(values)
+    else:
+        parent[key] = data.draw(payloads if action == "payload" else values)
+    return doc

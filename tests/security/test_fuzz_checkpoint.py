@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from security_helpers import export_ckpt, remanifest  # noqa: F401
+from security_helpers import export_ckpt, mutate_json, remanifest  # noqa: F401
 
 from fxforge import CheckpointError, ForgeGraph
 
@@ -38,34 +38,9 @@ VALUES = st.recursive(SCALARS, lambda kids: st.one_of(st.lists(kids, max_size=3)
 RAN = {"mutations": 0, "loaded": 0, "refused": 0}
 
 
-def _containers(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [path]
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
-    for key, value in items:
-        out.extend(_containers(value, (*path, key)))
-    return out
-
-
 def _mutate(doc: Any, data: st.DataObject) -> Any:
     """Replace, delete or insert at one random place in the document."""
-    paths = _containers(doc)
-    path = data.draw(st.sampled_from(paths))
-    if not path:
-        return data.draw(VALUES)
-    parent = doc
-    for key in path[:-1]:
-        parent = parent[key]
-    action = data.draw(st.sampled_from(["replace", "delete", "insert", "payload"]))
-    key = path[-1]
-    if action == "delete":
-        del parent[key]
-    elif action == "insert" and isinstance(parent, list):
-        parent.insert(key, data.draw(VALUES))
-    elif action == "insert":
-        parent[data.draw(st.sampled_from(PAYLOADS))] = data.draw(VALUES)
-    else:
-        parent[key] = data.draw(st.sampled_from(PAYLOADS) if action == "payload" else VALUES)
-    return doc
+    return mutate_json(doc, data, VALUES, st.sampled_from(PAYLOADS), st.sampled_from(PAYLOADS))
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

@@ -20,7 +20,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from security_helpers import remanifest, tiny_graph
+from security_helpers import mutate_json, remanifest, tiny_graph
 
 from fxforge import ForgeGraph, passes
 from fxforge.passes.lora_checkpoint import CONFIG, LoraCheckpointError, load_lora_adapters, save_lora_adapters
@@ -74,32 +74,9 @@ def _hostile_text(data: st.DataObject, syntax: str) -> str:
     return json.dumps("$\\sqrt{" * (n // 10) + "x" + "}$" * (n // 10))
 
 
-def _paths(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [path]
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
-    for key, value in items:
-        out.extend(_paths(value, (*path, key)))
-    return out
-
-
 def _mutate(doc: Any, data: st.DataObject) -> Any:
     """Replace, delete or insert one value anywhere in ``doc`` (type confusion: any JSON value anywhere)."""
-    path = data.draw(st.sampled_from(_paths(doc)))
-    if not path:
-        return data.draw(VALUES)
-    parent = doc
-    for key in path[:-1]:
-        parent = parent[key]
-    action, key = data.draw(st.sampled_from(["replace", "delete", "insert"])), path[-1]
-    if action == "delete":
-        del parent[key]
-    elif action == "insert" and isinstance(parent, list):
-        parent.insert(key, data.draw(VALUES))
-    elif action == "insert":
-        parent[data.draw(st.sampled_from(NAMES))] = data.draw(VALUES)
-    else:
-        parent[key] = data.draw(VALUES)
-    return doc
+    return mutate_json(doc, data, VALUES, st.sampled_from(NAMES))
 
 
 def _inject(text: str, data: st.DataObject, syntax: str) -> str:

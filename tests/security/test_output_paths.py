@@ -26,7 +26,7 @@ def _pipeline(tmp_path: Path, step: str) -> Path:
 @pytest.mark.parametrize("target", ["../../../escaped/ckpt", "/tmp/fxforge-escaped/ckpt", "a/../../b", "", "."])
 def test_export_outside_the_root_is_refused(tmp_path: Path, target: str) -> None:
     pipe = _pipeline(tmp_path, f'pass = "export"\nargs = {{ path = "{target}" }}')
-    with pytest.raises(PipelineError, match=rf"pipe\.toml: step 1 \(export\): path = .* output root"):
+    with pytest.raises(PipelineError, match=r"pipe\.toml: step 1 \(export\): path = .* output root"):
         Pipeline.from_toml(pipe, output_root=tmp_path / "root")
     assert not (tmp_path.parent / "escaped").exists() and not Path("/tmp/fxforge-escaped").exists()
 
