@@ -63,7 +63,8 @@ def test_installed_distributions_are_all_locked_at_their_version() -> None:
 def test_direct_requirements_are_all_locked() -> None:
     pins = lock_pins(LOCK.read_text())
     lines = (ROOT / "requirements.txt").read_text().splitlines()
-    direct = [re.split(r"[\s\[=<>!~;]", line, maxsplit=1)[0] for line in lines if line.strip() and not line.startswith("#")]
+    direct = [re.split(r"[\s\[=<>!~;]", line, maxsplit=1)[0]
+              for line in lines if line.strip() and not line.startswith("#")]
     assert direct and all(_norm(name) in pins for name in direct), [n for n in direct if _norm(n) not in pins]
 
 
