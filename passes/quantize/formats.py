@@ -128,6 +128,11 @@ def _check_block_fp(p: Mapping[str, Any]) -> None:
                          "outside float32's [-126, 127], in which results are returned; pick another exponent_bias")
 
 
+def _check_mxfp(p: Mapping[str, Any]) -> None:
+    """(width, exponent_width) must name an OCP MX element format (mxfp_element says which do)."""
+    mxfp_element(p["width"], p["exponent_width"])
+
+
 def _fixed_quantize(x: torch.Tensor, p: Mapping[str, Any], ctx: QuantContext) -> torch.Tensor:
     """MASE fixed point; with ``frac_width: "auto"`` the context's scale is ``2^-frac_width`` (per channel or not)."""
     if p["frac_width"] != AUTO:
@@ -219,7 +224,7 @@ FORMATS: dict[str, FormatDef] = {
             ),
             lambda x, p, ctx: mxfp_quantize(x, p["width"], p["exponent_width"], p["block_size"], ctx.block_axis),
             lambda p: p["width"] + 8 / p["block_size"],
-            validate=lambda p: mxfp_element(p["width"], p["exponent_width"]) and None,
+            validate=_check_mxfp,
             doc="OCP MXFP (MXFP8 E4M3: width 8, exponent_width 4): E8M0 scale per block, minifloat elements",
         ),
     )

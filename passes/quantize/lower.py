@@ -106,6 +106,11 @@ class Int8Linear(nn.Module):
     """
 
     fxforge_op = "linear"
+    weight_int8: torch.Tensor  # buffers (registered in __init__)
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+    input_scale: torch.Tensor
+    input_zero_point: torch.Tensor
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, backend: str = "onednn",
                  reduce_range: bool = False, static_input: bool = False, post_op: str = "none",

@@ -31,6 +31,10 @@ class _QuantizedLayer(nn.Module):
 
     weight: torch.Tensor
     bias: torch.Tensor | None  # None for a layer built without one (and for an embedding, which has none)
+    data_in_quantizer: Quantize | None  # one per role (ROLE_ATTRS), set by _init_quantizers
+    weight_quantizer: Quantize | None
+    bias_quantizer: Quantize | None
+    data_out_quantizer: Quantize | None
 
     # (channel_axis, block_axis) per role; layers override.
     AXES: dict[str, tuple[int, int]] = {"data_in": (-1, -1), "weight": (0, -1), "bias": (0, -1),

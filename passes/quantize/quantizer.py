@@ -98,6 +98,8 @@ class Quantize(nn.Module):
     """
 
     fxforge_op = "quantize"
+    scale: torch.Tensor  # buffers (registered in __init__): () per tensor, (C,) per channel
+    zero_point: torch.Tensor
 
     def __init__(self, spec: RoleSpec | Mapping[str, Any], role: str = "data_in", is_param: bool = False,
                  channel_axis: int = -1, block_axis: int = -1, calibrated: bool = False,

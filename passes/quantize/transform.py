@@ -19,6 +19,7 @@ Each quantized node gets a :class:`QuantizationRecord` in its software metadata.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,8 +70,8 @@ def _einsum_roles(node: fx.Node) -> list[tuple[int, str, int, int]]:
     if not isinstance(eq, str) or any(isinstance(o, list | tuple) for o in operands):
         return []
     eq = eq.replace(" ", "")
-    terms, out = (eq.split("->") + [""])[:2] if "->" in eq else (eq, None)
-    terms = terms.split(",")
+    inputs, out = (eq.split("->") + [""])[:2] if "->" in eq else (eq, None)
+    terms = inputs.split(",")
     contracted = set("".join(terms)) - set(out) if out is not None and "..." not in eq else set()
     roles = []
     for i, term in enumerate(terms[: len(operands)]):
@@ -160,8 +161,9 @@ class _Rewriter:
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
         bound = dict(zip(names, node.args))
         bound.update(node.kwargs)
-        module = QuantizedSDPA(float(bound.get("dropout_p") or 0.0), bool(bound.get("is_causal", False)),
-                               bound.get("scale"), bool(bound.get("enable_gqa", False)), mm, sm)
+        module = QuantizedSDPA(_constant(node, "dropout_p", bound.get("dropout_p")) or 0.0,
+                               bool(bound.get("is_causal", False)), _constant(node, "scale", bound.get("scale")),
+                               bool(bound.get("enable_gqa", False)), mm, sm)
         # The node itself becomes the call_module: name, records and users stay (reports and
         # baselines match nodes by name).
         return self.rw.replace(node, "call_module", f"{CONTAINER}.{node.name}",
@@ -174,6 +176,17 @@ def _sdpa_module(mm: OpQuantConfig | None, sm: OpQuantConfig | None) -> Callable
         new = QuantizedSDPA(m.dropout_p, m.is_causal, m.scale, m.enable_gqa, mm, sm)
         return new.train(m.training)
     return build
+
+
+def _constant(node: fx.Node, key: str, value: Any) -> float | None:
+    """An SDPA argument a quantized attention holds as a constant (dropout_p, scale): a number or None;
+    ValueError naming the node and the way out for one computed at run time."""
+    if value is None or isinstance(value, int | float):
+        return None if value is None else float(value)
+    computed = f"node {value.name!r}" if isinstance(value, fx.Node) else type(value).__name__
+    raise ValueError(f"node {node.name!r} (scaled_dot_product_attention): its {key!r} is computed at run time "
+                     f"({computed}), and a quantized attention holds it as a constant; exclude it with "
+                     f"by='name'/'regex' or a name entry with name None, or capture with a constant {key}")
 
 
 def _quantize_wrapped(module: nn.Module, attr: str, cfg: OpQuantConfig) -> nn.Module:
@@ -267,7 +280,7 @@ def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[Fo
                     raise ValueError(f"node {node.name!r} ({name}): cannot quantize the {type(inner).__name__} "
                                      f"wrapped by {type(module).__name__}; quantizable: "
                                      f"{[c.__name__ for c in QUANTIZED_LAYERS]}")
-                rw.swaps[name] = lambda m, c=cfg, a=wrapped: _quantize_wrapped(m, a, c)
+                rw.swaps[name] = functools.partial(_quantize_wrapped, attr=wrapped, cfg=cfg)
                 paths = {r: f"{name}.{wrapped}.{r}_quantizer" for r in cfg.role_names
                          if not (r == "bias" and getattr(inner, "bias", None) is None)}
                 pending_records.append((node.name, inner_op, cfg.format, cfg.to_json(), rule, paths))
@@ -287,7 +300,7 @@ def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[Fo
                     raise ValueError(f"node {node.name!r} ({name}): cannot quantize a {type(module).__name__} as "
                                      f"{op!r}; quantizable layers: {[c.__name__ for c in QUANTIZED_LAYERS]}. "
                                      "Exclude it with by='name'/'regex' or a name entry with name None")
-                rw.swaps[name] = lambda m, c=cfg: build_quantized_layer(m, c)
+                rw.swaps[name] = functools.partial(build_quantized_layer, quant=cfg)
                 paths = {r: f"{name}.{r}_quantizer" for r in cfg.role_names if r in layer_roles(module)
                          and not (r == "bias" and getattr(module, "bias", None) is None)}
                 pending_records.append((node.name, op, cfg.format, cfg.to_json(), rule, paths))

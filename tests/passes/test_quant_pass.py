@@ -262,3 +262,21 @@ def test_attention_function_node_causal_gpt(tmp_path: Path) -> None:
     assert torch.equal(mg(idx2)[:, :-1], out[:, :-1])
     loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "gpt"))
     assert torch.equal(loaded(idx), out)
+
+
+class _RuntimeScaleAttention(nn.Module):
+    """SDPA whose scale is computed from the query's shape (a graph node under the fx frontend)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=q.size(-1) ** -0.5)
+
+
+def test_attention_with_a_run_time_scale_is_refused_naming_the_node() -> None:
+    """QuantizedSDPA stores dropout_p and scale as constants: a computed one is refused with the node and the
+    way out (exclude it), not a raw TypeError from float(Node)."""
+    x = torch.randn(2, 3, 5, 8)
+    mg = ForgeGraph(_RuntimeScaleAttention(), example_inputs=(x, x, x), frontend="fx")
+    cfg = {"by": "type", "softmax": {"config": {"name": "integer", "data_out_width": 8, "data_out_frac_width": 7}}}
+    with pytest.raises(PassError, match=r"scaled_dot_product_attention.*'scale' is computed at run time \(node "
+                                        r"'pow_1'\).*exclude it with by='name'"):
+        quantize_transform_pass(mg, cfg)
