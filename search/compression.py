@@ -77,7 +77,7 @@ class PruningSpace(SearchSpace):
             raise SearchError("pruning space: prune_transform_pass is not available in this build")
         return self
 
-    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+    def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:
         steps = []
         for group, selector in self.groups.items():
             s = trial.suggest_categorical(f"sparsity:{group}", list(self.sparsity))
@@ -108,7 +108,7 @@ class LoRARankSpace(SearchSpace):
         self.alpha = None if alpha is None else check_choices("lora alpha", alpha)
         self.targets, self.trainable = targets, trainable
 
-    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+    def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:
         rank = trial.suggest_categorical("lora:rank", list(self.rank))
         args: dict[str, Any] = {"rank": rank, "alpha": float(rank)}
         if self.alpha is not None:
@@ -143,7 +143,7 @@ class JointSpace(SearchSpace):
     def bind(self, graph: ForgeGraph | None) -> JointSpace:
         return JointSpace(*(s.bind(graph) for s in self.spaces))
 
-    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+    def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:
         plan = TrialPlan()
         for space in self.spaces:
             plan = plan.merged(space.suggest(trial))

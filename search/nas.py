@@ -90,7 +90,7 @@ class NASSpace(SearchSpace):
                               f"similar fields: {close}")
         self.identity = tuple(re.compile(p) for p in identity)
 
-    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+    def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:
         import optuna
 
         values = {k: trial.suggest_categorical(k, list(v)) for k, v in self.choices.items()}

@@ -119,7 +119,7 @@ class MixedPrecisionSpace(SearchSpace):
             raise SearchError("precision space with per='layer' must be bound to a graph first")
         return self.layers
 
-    def suggest(self, trial: optuna.Trial) -> TrialPlan:
+    def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:
         import optuna
 
         config: dict[str, Any] = {"by": "type" if self.per == "type" else "name",
@@ -182,7 +182,7 @@ class MixedPrecisionSpace(SearchSpace):
         warn_zeroed(f"precision space {dict(self.formats['integer'])} (even its finest choice)", zeroed, stacklevel=4)
         return zeroed
 
-    def _sample_role(self, trial: optuna.Trial, prefix: str, fmt: str) -> dict[str, Any]:
+    def _sample_role(self, trial: optuna.trial.BaseTrial, prefix: str, fmt: str) -> dict[str, Any]:
         """One role's parameters in order, each from the choices the earlier ones leave valid; a restricted
         parameter's name carries the values that restrict it, so a name always has the same choices."""
         chosen: dict[str, Any] = {}

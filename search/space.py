@@ -117,8 +117,9 @@ class SearchSpace(ABC):
         return self
 
     @abstractmethod
-    def suggest(self, trial: optuna.Trial) -> TrialPlan:
-        """Sample one plan; raise optuna.TrialPruned for an invalid combination (before any training)."""
+    def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:
+        """Sample one plan from ``trial`` (a study's, or a FixedTrial replaying given parameters); raise
+        optuna.TrialPruned for an invalid combination (before any training)."""
 
     @abstractmethod
     def to_spec(self) -> dict[str, Any]:
