@@ -68,7 +68,8 @@ def _copy_graph(graph: fx.Graph, memo: dict[int, Any]) -> fx.Graph:
     """fx's ``Graph.__deepcopy__`` (node by node, old nodes mapped to new ones in ``memo``), except that the
     codegen is copied through ``memo``: fx copies it without one, rebuilding its immutable pytree specs."""
     new = fx.Graph(tracer_cls=graph._tracer_cls)
-    copied = new.graph_copy(graph, memo, return_output_node=True)  # type: ignore[arg-type]
+    copied = new.graph_copy(graph, memo,  # type: ignore[arg-type]  # fx's own deepcopy passes its id-keyed memo
+                            return_output_node=True)
     new._codegen = copy_codegen(graph._codegen, memo)
     if copied is not None:
         value, old_output = typing.cast(tuple[Any, fx.Node], copied)  # return_output_node=True: (value, node)

@@ -62,8 +62,9 @@ class CalibrateInfo(PassInfo):
     nodes: int
 
 
-def _values(t: torch.Tensor) -> float | list[float]:
-    return jsonable(t, tensor_values=True)
+def _values(t: torch.Tensor | None) -> float | list[float] | None:
+    """A range tensor as JSON numbers (None for a bound never observed)."""
+    return None if t is None else jsonable(t, tensor_values=True)
 
 
 @forge_pass("transform", CalibrateArgs, info=CalibrateInfo, requires=("quantized",), ensures=("calibrated",),
@@ -97,7 +98,7 @@ def calibrate_transform_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[Fo
             lo, hi = obs.range()
             q.set_range(lo, hi)
             scaled += int(q.needs_calibration)
-            stats: dict[str, Any] = {"path": path, "min": _values(obs.min), "max": _values(obs.max),  # type: ignore
+            stats: dict[str, Any] = {"path": path, "min": _values(obs.min), "max": _values(obs.max),
                                      "lo": _values(lo), "hi": _values(hi), "numel": obs.numel}
             if q.fmt.scaled:
                 stats.update(scale=_values(q.scale), zero_point=_values(q.zero_point))

@@ -33,7 +33,7 @@ class _StraightThrough(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (mask,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        (mask,) = ctx.saved_tensors  # type: ignore[attr-defined]  # not in torch's FunctionCtx stub
         return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)), None, None
 
 

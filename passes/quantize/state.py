@@ -29,7 +29,7 @@ def quantized_nodes(gm: fx.GraphModule) -> list[tuple[fx.Node, QuantizationRecor
 
 def quantizers(root: nn.Module) -> dict[str, Quantize]:
     """Every Quantize module under ``root`` (inside quantized layers too), by path."""
-    return dict(select_modules(root, Quantize))  # type: ignore[arg-type]
+    return {path: q for path, q in select_modules(root, Quantize) if isinstance(q, Quantize)}
 
 
 def activation_quantizers(root: nn.Module) -> dict[str, Quantize]:

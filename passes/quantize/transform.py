@@ -251,10 +251,11 @@ def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[Fo
                     sm = mm
                 if rule is not None:
                     used_keys.add(rule)
-                if mm is None and sm is None:
+                first = mm if mm is not None else sm
+                if first is None:
                     continue
                 config = {"matmul": mm.to_json() if mm else None, "softmax": sm.to_json() if sm else None}
-                fmt = (mm or sm).format  # type: ignore[union-attr]
+                fmt = first.format
                 if node.op == "call_module" and isinstance(module, ScaledDotProductAttention):
                     rw.swaps[name] = _sdpa_module(mm, sm)
                     pending_records.append((node.name, op, fmt, config, rule, {"module": name}))
