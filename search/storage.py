@@ -66,7 +66,7 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
         path.parent.mkdir(parents=True, exist_ok=True)
         return BufferedJournalStorage(str(path))
     url = _sqlalchemy_url(str(spec.url))
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, Any] = {}  # RDBStorage's heartbeat arguments (int, int, callback)
     if kind == "postgresql":
         kwargs = {"heartbeat_interval": spec.heartbeat_interval, "grace_period": spec.grace_period,
                   "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)}
@@ -74,7 +74,7 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
     else:
         engine = {}
     try:
-        storage = RDBStorage(url, engine_kwargs=engine, **kwargs)  # type: ignore[arg-type]
+        storage = RDBStorage(url, engine_kwargs=engine, **kwargs)
         if kind == "postgresql":
             _ping_after_idle(storage.engine, spec.ping_after_idle)
         return storage
