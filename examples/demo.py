@@ -1,4 +1,4 @@
-"""`make demo`: fxforge's main job end to end, offline, in five steps (about 5 minutes on 2 CPU cores).
+"""`make demo`: fxforge's main job end to end, offline, in five steps (about 4 minutes on 2 CPU cores).
 
 1. capture the MiniLM classifier into a ForgeGraph and annotate every node (metadata passes);
 2. fine-tune it with LoRA on a slice of IMDb, then fuse the adapters back into plain Linear layers;
