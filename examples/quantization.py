@@ -155,7 +155,7 @@ def speed(fp32: ForgeGraph, int8: ForgeGraph, rounds: int) -> dict[str, float]:
     return {"fp32_ms": med["fp32"], "int8_ms": med["int8"], "speedup": med["fp32"] / med["int8"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="MiniLM IMDb quantization table (PTQ, QAT, int8)")
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--test", type=int, default=1000)
@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "fxforge" / "quantization-example"))
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--json", default=None, help="write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
