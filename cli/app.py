@@ -10,6 +10,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import click
 import typer
@@ -45,6 +46,25 @@ def _click_classes(name: str) -> tuple[type[BaseException], ...]:
 _EXIT, _CLICK_ERROR, _ABORT = _click_classes("Exit"), _click_classes("ClickException"), _click_classes("Abort")
 
 
+@runtime_checkable
+class _Exits(Protocol):
+    """What click's Exit / ClickException and typer's copies share (found by name, so typed by their shape)."""
+
+    exit_code: int
+
+
+@runtime_checkable
+class _Shows(_Exits, Protocol):
+    """A ClickException: it prints its own message."""
+
+    def show(self) -> None: ...
+
+
+def _exit_code(exc: BaseException) -> int:
+    """The exit code an Exit or ClickException carries (1 for anything without one)."""
+    return exc.exit_code if isinstance(exc, _Exits) and isinstance(exc.exit_code, int) else 1
+
+
 def _register() -> None:
     from . import checkpoint_cmds, commands  # noqa: F401 - importing registers the commands on ``app``
 
@@ -60,10 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = app(args=args, prog_name="fxforge", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except _EXIT as exc:
-        return exc.exit_code  # type: ignore[attr-defined]
+        return _exit_code(exc)
     except _CLICK_ERROR as exc:
-        exc.show()  # type: ignore[attr-defined]
-        return exc.exit_code  # type: ignore[attr-defined]
+        if isinstance(exc, _Shows):
+            exc.show()
+        return _exit_code(exc)
     except _ABORT:
         print("fxforge: aborted", file=sys.stderr)
         return 130

@@ -59,7 +59,13 @@ class NoArgs:
 A = TypeVar("A")
 
 
-class PassFn(Protocol):
+class PassRun(Protocol):
+    """The call shape of every pass: ``run(graph, pass_args=None) -> (graph, info)``."""
+
+    def __call__(self, graph: Any, pass_args: Any = None) -> tuple[Any, Any]: ...
+
+
+class PassFn(PassRun, Protocol):
     """A registered pass: ``pass_fn(graph, pass_args=None) -> (graph, info)`` plus its declarations.
 
     ``apply_inplace(graph, pass_args=None)`` runs a transform on ``graph`` itself (no copy) for callers that
@@ -70,12 +76,9 @@ class PassFn(Protocol):
     pass_kind: str
     args_type: type[Any]
     spec: PassSpec
+    apply_inplace: PassRun
     __name__: str
     __module__: str
-
-    def __call__(self, graph: Any, pass_args: Any = None) -> tuple[Any, Any]: ...
-
-    def apply_inplace(self, graph: Any, pass_args: Any = None) -> tuple[Any, Any]: ...
 
 
 PASSES: dict[str, PassFn] = {}
@@ -188,7 +191,10 @@ def build_args(pass_name: str, args_type: type[A], pass_args: Mapping[str, Any] 
             raise PassArgsError(f"{pass_name}: {exc}") from None
     if not isinstance(pass_args, Mapping):
         raise PassArgsError(f"{pass_name}: pass_args must be a dict or None, got {type(pass_args).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(args_type)}  # type: ignore[arg-type]
+    declared = args_type if dataclasses.is_dataclass(args_type) else None
+    if declared is None:
+        raise TypeError(f"{pass_name}: its args type {args_type!r} is not a dataclass (declare one, see NoArgs)")
+    fields = {f.name: f for f in dataclasses.fields(declared)}
     bad_keys = [k for k in pass_args if not isinstance(k, str)]
     if bad_keys:
         raise PassArgsError(f"{pass_name}: pass_args key {bad_keys[0]!r} ({type(bad_keys[0]).__name__}) is not a "
@@ -322,12 +328,12 @@ def forge_pass(
             return execute(graph, pass_args, inplace=True)
 
         apply_inplace.__name__ = apply_inplace.__qualname__ = f"{name}.apply_inplace"
-        run.apply_inplace = apply_inplace  # type: ignore[attr-defined]
-        run.pass_name = name  # type: ignore[attr-defined]
-        run.pass_kind = kind  # type: ignore[attr-defined]
-        run.args_type = args_type  # type: ignore[attr-defined]
-        run.spec = spec  # type: ignore[attr-defined]
-        registered = typing.cast(PassFn, run)
+        registered = typing.cast(PassFn, run)  # a plain function until its declarations are set just below
+        registered.apply_inplace = apply_inplace
+        registered.pass_name = name
+        registered.pass_kind = kind
+        registered.args_type = args_type
+        registered.spec = spec
         PASSES[name] = registered
         PASS_ALIASES.update(dict.fromkeys(aliases, name))
         return registered

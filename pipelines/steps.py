@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..passes.base import PASS_ALIASES, PASSES, PassArgsError, build_args
+from ..passes.base import PASS_ALIASES, PASSES, PassArgsError, PassFn, build_args
 from ..passes.contract import EmptyInfo, NumericalContract, PassInfo, PassSpec
 
 __all__ = ["ACTIONS", "PipelineError", "Step", "make_step", "pass_spec", "resolve_pass"]
@@ -72,17 +73,20 @@ def _finetune(graph: Any, args: FinetuneArgs) -> tuple[Any, FinetuneInfo]:
                                eval={k: float(v) for k, v in metrics.items() if isinstance(v, int | float)})
 
 
-def _action(fn: Callable[..., Any], name: str, kind: str, args_type: type, info: type,
-            contract: NumericalContract | None) -> Callable[..., Any]:
-    fn.spec = PassSpec(name=name, kind=kind, args_type=args_type, info_type=info,  # type: ignore[attr-defined]
-                       contract=contract)
-    fn.pass_name = name  # type: ignore[attr-defined]
-    fn.apply_inplace = fn  # type: ignore[attr-defined]  # an action always works on the pipeline's own graph
-    return fn
+def _action(fn: Callable[[Any, Any], tuple[Any, Any]], name: str, kind: str, args_type: type, info: type,
+            contract: NumericalContract | None) -> PassFn:
+    """``fn`` declared as a pipeline step (a PassFn, like a registered pass, but not in PASSES)."""
+    action = typing.cast(PassFn, fn)  # a plain function until its declarations are set just below
+    action.spec = PassSpec(name=name, kind=kind, args_type=args_type, info_type=info, contract=contract)
+    action.pass_name = name
+    action.pass_kind = kind
+    action.args_type = args_type
+    action.apply_inplace = action  # an action always works on the pipeline's own graph
+    return action
 
 
 # "export" writes files and changes nothing; "finetune" trains weights (its error is measured, never bounded).
-ACTIONS: dict[str, Callable[..., Any]] = {
+ACTIONS: dict[str, PassFn] = {
     "export": _action(_export, "export", "analysis", ExportArgs, ExportInfo, None),
     "finetune": _action(_finetune, "finetune", "transform", FinetuneArgs, FinetuneInfo,
                         NumericalContract("bounded", note="fine-tuning changes outputs on purpose")),
@@ -90,14 +94,16 @@ ACTIONS: dict[str, Callable[..., Any]] = {
 
 
 # -- resolving passes ---------------------------------------------------------------------------------------
-def resolve_pass(name_or_fn: str | Callable[..., Any]) -> tuple[str, Callable[..., Any]]:
+def resolve_pass(name_or_fn: str | Callable[..., Any]) -> tuple[str, PassFn]:
     """(name, callable) of a registered pass or action; PipelineError listing close names otherwise."""
     if callable(name_or_fn):
         name = getattr(name_or_fn, "pass_name", None)
-        if name is None or PASSES.get(name) is not name_or_fn and ACTIONS.get(name) is not name_or_fn:
+        registered = [p for p in (PASSES.get(name), ACTIONS.get(name)) if p is name_or_fn] \
+            if isinstance(name, str) else []
+        if not registered:
             raise PipelineError(f"{getattr(name_or_fn, '__name__', name_or_fn)!r} is not a registered pass "
                                 "(decorate it with passes.forge_pass)")
-        return name, name_or_fn
+        return registered[0].pass_name, registered[0]
     if not isinstance(name_or_fn, str):
         raise PipelineError(f"a step's pass must be a pass name or a pass function, got {type(name_or_fn).__name__}")
     if name_or_fn in ACTIONS:
@@ -139,7 +145,7 @@ class Step:
 
     index: int
     name: str
-    fn: Callable[..., Any] = field(repr=False, compare=False)
+    fn: PassFn = field(repr=False, compare=False)
     spec: PassSpec = field(repr=False, compare=False)
     args: Mapping[str, Any] = field(default_factory=dict)
     built: Any = field(default=None, repr=False, compare=False)
@@ -156,7 +162,7 @@ class Step:
 
     def run_inplace(self, graph: Any) -> tuple[Any, Any]:
         """Run the step on ``graph`` itself (the pipeline owns it: no copy per step, see passes/base)."""
-        return self.fn.apply_inplace(graph, self.built)  # type: ignore[attr-defined]
+        return self.fn.apply_inplace(graph, self.built)
 
     @property
     def replayable(self) -> bool:

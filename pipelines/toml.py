@@ -51,10 +51,10 @@ def confine_output_paths(doc: Any, root: str | Path | None = None, allow_outside
     for i, step in enumerate(doc["steps"], 1):
         args = step.get("args") if isinstance(step, dict) else None
         outputs = _output_args(step.get("pass")) if isinstance(args, dict) else {}
-        if outputs:
+        if outputs and isinstance(args, dict):  # the isinstance is what _output_args was guarded by
             args = {key: str(resolve_output_path(value, root, allow_outside, f"step {i} ({outputs[key]}): {key}",
                                                  PipelineError)) if key in outputs and isinstance(value, str)
-                    else value for key, value in args.items()}  # type: ignore[union-attr]
+                    else value for key, value in args.items()}
             step = {**step, "args": args}
         steps.append(step)
     return {**doc, "steps": steps}
