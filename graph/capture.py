@@ -217,15 +217,15 @@ def capture(
         # Grad enabled: under a caller's no_grad, export would record no no_grad region (gradients would differ).
         with cache_disabled(model, notes) if hf else nullcontext(), torch.enable_grad():
             for name in order:
-                if name == "export" and example is None:
+                if name != "fx" and example is None:
                     failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
                     continue
                 try:
                     guards = None
-                    if name == "fx":
+                    if name == "fx" or example is None:
                         gm = _trace_fx(model, leaf_modules, leaf_functions)
                     else:
-                        gm, guards = _trace_export(model, example, dynamic)  # type: ignore[arg-type]
+                        gm, guards = _trace_export(model, example, dynamic)
                 except Exception as exc:  # noqa: BLE001 - reported with context below
                     site = _failure_site(exc, model)
                     sites.append(site)

@@ -30,6 +30,7 @@ from typing import Any
 import safetensors.torch
 import torch
 import torch.nn as nn
+from torch import fx
 
 from ..graph.atomic import MANIFEST, dumps_json, loads_json, read_verified, write_checkpoint_dir
 from ..graph.forge_graph import ForgeGraph
@@ -74,10 +75,10 @@ def _kept_parameters(gm: nn.Module, kept: list[str]) -> list[str]:
     return names
 
 
-def trained_modules(gm: nn.Module) -> list[str]:
+def trained_modules(gm: fx.GraphModule) -> list[str]:
     """The outermost modules whose parameters all train and that hold no LoRA adapter (nor lie in one):
     what insertion's ``trainable`` selection made trainable (e.g. the classifier head)."""
-    adapted = [p for _, p, _ in lora_layers(gm)]  # type: ignore[arg-type]
+    adapted = [p for _, p, _ in lora_layers(gm)]
     kept: list[str] = []
     for path, module in gm.named_modules():
         params = list(module.parameters())
