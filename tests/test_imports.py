@@ -10,7 +10,7 @@ from pathlib import Path
 import fxforge
 
 ROOT = Path(fxforge.__file__).parent
-SKIP_DIRS = {"tests", ".venv", "build", "dist"}
+SKIP_DIRS = {"tests", ".venv", ".lock-check", "build", "dist"}  # venvs inside the checkout: `make venv`, `make lock`
 
 # What each top-level unit builds on directly; a unit may import these, what they build on, and itself.
 # "" is the package itself (fxforge/__init__.py, the ForgeGraph/passes facade). The application layer (hub,
