@@ -55,7 +55,7 @@ def _hf_graph(name_or_path: str) -> ForgeGraph:
         model = auto.from_pretrained(name_or_path).eval()
     names = ["input_ids", "attention_mask", "labels"] if classifier else ["input_ids", "attention_mask"]
     with quiet():
-        return ForgeGraph(model, hf_input_names=names)
+        return ForgeGraph(model, hf_input_names=names, share_weights=True)  # the model was built here: no 2nd copy
 
 
 def load_graph(model: str) -> tuple[ForgeGraph, str]:
@@ -67,4 +67,4 @@ def load_graph(model: str) -> tuple[ForgeGraph, str]:
         return _hf_graph(model), f"HuggingFace model {model}"
     entry = build(model)
     with quiet():
-        return ForgeGraph(entry.model, **entry.capture), f"zoo model {model}: {entry.description}"
+        return ForgeGraph(entry.model, share_weights=True, **entry.capture), f"zoo model {model}: {entry.description}"

@@ -125,7 +125,7 @@ def _base_graph(model: Mapping[str, Any]) -> Any:
     capture = dict(built.capture)
     if "hf_input_names" in model:
         capture["hf_input_names"] = list(model["hf_input_names"])
-    return ForgeGraph(built.model.eval(), **capture)
+    return ForgeGraph(built.model.eval(), share_weights=True, **capture)  # built here: no second copy of its weights
 
 
 _RUN_LENGTH = ("n_trials", "timeout", "resume", "storage")  # may change between runs of one study
