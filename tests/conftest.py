@@ -49,6 +49,17 @@ def bert_graph() -> Any:
     return ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask", "labels"]).eval()
 
 
+def bert_metadata_graph() -> Any:
+    """The tiny BERT captured with (input_ids, attention_mask) in eval mode, after both metadata passes: the
+    state a user runs transforms on. Tests build one per module (scope="module" fixtures) and change copies."""
+    from fxforge import ForgeGraph, passes
+
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
+    mg, _ = passes.init_metadata_analysis_pass(mg)
+    mg, _ = passes.add_common_metadata_analysis_pass(mg)
+    return mg
+
+
 def logits(mg: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """The logits of a graph (or model) on keyword inputs, without autograd."""
     with torch.no_grad():

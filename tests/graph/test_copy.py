@@ -9,13 +9,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from conftest import bert_inputs, make_tiny_bert
+from conftest import bert_inputs, bert_metadata_graph, make_tiny_bert
 from pass_cases import registered, run_case
 
 from fxforge import ForgeGraph
 from fxforge.graph.capture import CACHE_HIT_NOTE
 from fxforge.graph.metadata import get_meta, has_meta
-from fxforge.passes import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from fxforge.passes.quantize import QuantizationRecord, quantize_transform_pass
 from fxforge.passes.transform.lora import insert_lora_adapter_transform_pass
 
@@ -25,10 +24,7 @@ DATA = [bert_inputs(labels=False, batch=2, seq=9)]
 @pytest.fixture(scope="module")
 def base() -> ForgeGraph:
     """A tiny BERT graph with full metadata (the state a user copies after the metadata passes)."""
-    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
-    init_metadata_analysis_pass(mg)
-    add_common_metadata_analysis_pass(mg)
-    return mg
+    return bert_metadata_graph()
 
 
 def snapshot(mg: ForgeGraph) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from conftest import bert_inputs, make_gpt
+from conftest import bert_inputs, bert_metadata_graph, make_gpt
 
 from fxforge import ForgeGraph, passes
 from fxforge.graph.metadata import get_meta
@@ -90,12 +90,7 @@ def _outputs(mg: ForgeGraph) -> list[torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def bert_graph() -> ForgeGraph:
-    from conftest import make_tiny_bert
-
-    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
-    mg, _ = passes.init_metadata_analysis_pass(mg)
-    mg, _ = passes.add_common_metadata_analysis_pass(mg)
-    return mg
+    return bert_metadata_graph()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

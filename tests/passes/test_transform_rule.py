@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from conftest import bert_inputs, make_tiny_bert
+from conftest import bert_inputs, bert_metadata_graph
 from pass_cases import FIXED_LINEAR, case, registered
 
 from fxforge import ForgeGraph, passes
@@ -25,10 +25,7 @@ INT8_STATIC = {"by": "type", "linear": {"config": {"name": "scaled_integer", "da
 
 @pytest.fixture(scope="module")
 def base() -> ForgeGraph:
-    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
-    mg, _ = passes.init_metadata_analysis_pass(mg)
-    mg, _ = passes.add_common_metadata_analysis_pass(mg)
-    return mg
+    return bert_metadata_graph()
 
 
 def logits(mg: ForgeGraph) -> torch.Tensor:

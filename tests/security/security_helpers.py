@@ -99,3 +99,11 @@ def mutate_json(doc: Any, data: Any, values: Any, keys: Any, payloads: Any = Non
     else:
         parent[key] = data.draw(payloads if action == "payload" else values)
     return doc
+
+
+def export_zoo_gpt(tmp_path_factory: pytest.TempPathFactory, frontend: str) -> Path:
+    """The zoo GPT (rotary buffers in a container module) captured with ``frontend`` and exported once."""
+    from fxforge.models.zoo import build
+
+    zm = build("gpt")
+    return ForgeGraph(zm.model, frontend=frontend, **zm.capture).export(tmp_path_factory.mktemp("zoo") / "gpt")

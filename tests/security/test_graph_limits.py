@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from security_helpers import edit_json, fresh_copy
+from security_helpers import edit_json, export_zoo_gpt, fresh_copy
 
 from fxforge import CheckpointError, ForgeGraph
 from fxforge.graph import limits
@@ -18,8 +18,7 @@ from fxforge.models.zoo import build
 
 @pytest.fixture(scope="module")
 def zoo_gpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    zm = build("gpt")
-    return ForgeGraph(zm.model, frontend="export", **zm.capture).export(tmp_path_factory.mktemp("zoo") / "gpt")
+    return export_zoo_gpt(tmp_path_factory, "export")
 
 
 @pytest.fixture

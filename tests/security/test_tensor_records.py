@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import safetensors.torch
 import torch
-from security_helpers import edit_json, fresh_copy, remanifest, rewrite
+from security_helpers import edit_json, export_zoo_gpt, fresh_copy, remanifest, rewrite
 
 from fxforge import CheckpointError, ForgeGraph
 from fxforge.models.zoo import build
@@ -23,8 +23,7 @@ COS = "blocks.0.mixer.rotary.cos"
 
 @pytest.fixture(scope="module")
 def zoo_gpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    zm = build("gpt")
-    return ForgeGraph(zm.model, frontend="fx", **zm.capture).export(tmp_path_factory.mktemp("zoo") / "gpt")
+    return export_zoo_gpt(tmp_path_factory, "fx")
 
 
 @pytest.fixture
