@@ -70,6 +70,7 @@ class _ForgeTracer(fx.Tracer):
 
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
+_GRAPH_DIR = str(Path(__file__).parent) + "/"  # fxforge's own capture frames hold the model too
 
 
 @dataclass(frozen=True)
@@ -82,25 +83,35 @@ class _Site:
         return f"module '{self.path}' ({self.cls}){self.where}" if self.path else "the model's forward"
 
 
+def _site_in(tb: TracebackType | None, names: dict[int, str]) -> _Site | None:
+    """The innermost frame of one traceback running model code inside one of the model's modules."""
+    site = None
+    while tb is not None:
+        frame, code = tb.tb_frame, tb.tb_frame.f_code
+        owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+        if isinstance(owner, nn.Module) and id(owner) in names and \
+                not code.co_filename.startswith((_TORCH_DIR, _GRAPH_DIR)):
+            src = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+            where = f" at {Path(code.co_filename).name}:{tb.tb_lineno} `{src}`"
+            site = _Site(names[id(owner)] or "<root>", type(owner).__name__, where)
+        tb = tb.tb_next
+    return site
+
+
 def _failure_site(exc: BaseException, model: nn.Module) -> _Site:
-    """The innermost user-code frame running inside one of the model's modules when ``exc`` was raised."""
+    """Where ``exc`` was raised: the innermost model frame of its own traceback; only when it has none, of
+    the exception it was raised from (``__cause__``) or while handling (``__context__``, unless suppressed)
+    -- an earlier exception caught by the model is not where the capture failed."""
     names = {id(m): n for n, m in model.named_modules()}
-    site = _Site("", "", "")
     seen: set[int] = set()
     chain: BaseException | None = exc
     while chain is not None and id(chain) not in seen:
         seen.add(id(chain))
-        tb: TracebackType | None = chain.__traceback__
-        while tb is not None:
-            frame, code = tb.tb_frame, tb.tb_frame.f_code
-            owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
-            if isinstance(owner, nn.Module) and id(owner) in names and not code.co_filename.startswith(_TORCH_DIR):
-                src = linecache.getline(code.co_filename, tb.tb_lineno).strip()
-                where = f" at {Path(code.co_filename).name}:{tb.tb_lineno} `{src}`"
-                site = _Site(names[id(owner)] or "<root>", type(owner).__name__, where)
-            tb = tb.tb_next
-        chain = chain.__cause__ or chain.__context__
-    return site
+        site = _site_in(chain.__traceback__, names)
+        if site is not None:
+            return site
+        chain = chain.__cause__ or (None if chain.__suppress_context__ else chain.__context__)
+    return _Site("", "", "")
 
 
 def _short(exc: BaseException) -> str:

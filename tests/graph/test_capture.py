@@ -213,3 +213,31 @@ def test_unknown_hf_input_name(tiny_bert: nn.Module) -> None:
         ForgeGraph(tiny_bert, hf_input_names=["input_ids", "images"])
     with pytest.raises(ValueError, match="mixes pixel_values with text inputs"):
         ForgeGraph(tiny_bert, hf_input_names=["input_ids", "pixel_values"])
+
+
+class _Fast(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("no fast path for this input")
+
+
+class _TriesFastThenSlow(nn.Module):
+    """A forward that falls back to an untraceable path while handling the fast path's (caught) error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast = _Fast()
+        self.slow = _DataDependent()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.fast(x)
+        except NotImplementedError:
+            return self.slow(x)
+
+
+def test_error_raised_while_handling_another_names_its_own_site() -> None:
+    with pytest.raises(CaptureError) as info:
+        ForgeGraph(_TriesFastThenSlow(), frontend="fx")
+    msg = str(info.value)
+    assert "module 'slow' (_DataDependent)" in msg and "if x.sum() > 0" in msg
+    assert "'fast'" not in msg and "no fast path" not in msg and " at capture.py" not in msg
