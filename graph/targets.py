@@ -1,10 +1,11 @@
 """The allowlist of everything a checkpoint may name: call targets, module classes and pytree types.
 
 Loading a checkpoint resolves every string through this module and nothing else, so a checkpoint can
-only call torch ops, public tensor functions, ``operator`` arithmetic, Tensor methods, and functions,
-modules and pytree types that fxforge or the user registered here. Extending it (e.g. a LoRA or a
-quantized linear) is one call: :func:`register_module`, :func:`register_function`,
-:func:`register_op_namespace` or :func:`register_pytree_type`.
+only call torch ops (aten/prims/fxforge, and the individually audited ops of :mod:`.known_ops`), public
+tensor functions, ``operator`` arithmetic, Tensor methods, and functions, modules and pytree types that
+fxforge or the user registered here. Extending it (e.g. a LoRA or a quantized linear) is one call:
+:func:`register_module`, :func:`register_function`, :func:`register_op_namespace` or
+:func:`register_pytree_type`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
+from . import known_ops
 from .modules import ScaledDotProductAttention
 
 F_ = TypeVar("F_", bound=Callable[..., Any])
@@ -219,19 +221,29 @@ def _resolve_op(name: str) -> torch._ops.OpOverload | torch._ops.OpOverloadPacke
     if len(parts) not in (4, 5) or parts[:2] != ["torch", "ops"] or not all(_IDENT.match(p) for p in parts[2:]):
         raise CheckpointError(f"malformed op name {name!r}: expected torch.ops.<namespace>.<op>[.<overload>]")
     namespace, op = parts[2:4]
-    if namespace not in _OP_NAMESPACES:
+    known = namespace not in _OP_NAMESPACES and known_ops.is_known(namespace, op)  # judged per overload below
+    if namespace not in _OP_NAMESPACES and not known:
         raise CheckpointError(
-            f"op namespace torch.ops.{namespace} (in {name!r}) is not allowed; "
+            f"op {name!r} is not allowed: torch.ops.{namespace} is not aten, prims, fxforge or a registered "
+            "namespace, and it is not one of the ops fxforge knows (graph/known_ops.py); "
             + _HOW.format(fn="register_op_namespace")
         )
     if op in _DENIED_OPS:
         raise CheckpointError(f"op {name!r} is not allowed in checkpoints (it changes state outside the graph)")
+    if known:
+        try:
+            known_ops.load(namespace, op)  # the table's fixed module only
+        except known_ops.KnownOpError as exc:
+            raise CheckpointError(f"op {name!r} cannot be loaded: {exc}") from None
     packet = getattr(getattr(torch.ops, namespace), op, None)
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         raise CheckpointError(f"op {name!r} does not exist in this torch build (or its library is not loaded)")
     if len(parts) == 5 and parts[4] not in packet.overloads():
         raise CheckpointError(f"op {name!r}: no overload {parts[4]!r} in this torch build")
     overloads = [getattr(packet, o) for o in packet.overloads()] if len(parts) == 4 else [getattr(packet, parts[4])]
+    unknown = [r for r in map(known_ops.refusal, overloads) if r] if known else []
+    if unknown:  # a known op must be exactly the audited one, every overload of a packet
+        raise CheckpointError(f"op {name!r} is not allowed in checkpoints: " + "; ".join(unknown))
     reasons = [_global_effect(o) for o in overloads]  # a packet: refused if any overload is a pure side effect
     side_effect = next((r for r in reasons if r and "returns nothing" in r), None)
     reason = side_effect or (reasons[0] if all(reasons) else None)
