@@ -5,8 +5,10 @@ torch.export specialises what the model's Python code depends on (a loop over th
 the example's length) and proves ranges for the rest (``seq <= max_position_embeddings``). Its own
 ``_guards_fn`` is Python generated from strings, which a checkpoint cannot hold; normalisation replaces it
 by a call to :func:`check_input_shapes` with the constraints as plain data, built here from the exported
-program's placeholders, range constraints and (simple) tracer guards. A violated constraint raises
-:class:`ShapeGuardError` naming the input, the dimension, the allowed values and the remedy.
+program's placeholders, range constraints and (simple) tracer guards. A dimension a dynamic capture meant
+dynamic but torch.export fixed keeps the reason graph/static_dims found (the code line that fixed it). A
+violated constraint raises :class:`ShapeGuardError` naming the input, the dimension, the allowed values,
+that reason and the remedy.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from . import targets
+from .static_dims import specialisation_reasons
 
 __all__ = ["ShapeGuardError", "check_input_shapes", "guard_spec", "insert_guard", "GUARD_NODE"]
 
@@ -118,6 +121,7 @@ def guard_spec(gm: fx.GraphModule, range_constraints: dict[Any, Any], guards_cod
     checks: list[tuple[Any, ...]] = []
     notes: list[str] = []
     sources: dict[Any, tuple[int, int]] = {}
+    reasons = specialisation_reasons(placeholders) if dynamic else {}
     for i, node in enumerate(placeholders):
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor):
@@ -128,12 +132,14 @@ def guard_spec(gm: fx.GraphModule, range_constraints: dict[Any, Any], guards_cod
                 size = int(size.node.expr)
             if isinstance(size, int):
                 steps = _unrolled_steps(node, d)
+                found = reasons.get((names[i], d))
                 if steps > 1:
                     why = f"capture specialised this dimension to {size}: a Python loop over it was unrolled " \
-                          f"into {steps} steps, so other sizes would silently run {steps} steps"
+                          f"into {steps} steps, so other sizes would silently run {steps} steps" + \
+                          (f" ({found})" if found else "")
                 elif dynamic:
-                    why = f"capture specialised this dimension to the example's {size} (the model's code " \
-                          "depends on its value)"
+                    why = found or f"torch.export specialised {names[i]} dim {d} to the example's {size}: the " \
+                                   "model's code depends on its value"
                 else:
                     why = f"the graph was captured with dynamic=False for the example's size {size}"
                 checks.append((i, d, "eq", size, why))
