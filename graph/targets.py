@@ -289,6 +289,13 @@ def function_name(fn: Any) -> str:
                           + _HOW.format(fn="register_function"))
 
 
+def check_op_schema(fn: Any, recorded: Any) -> None:
+    """Refuse a node whose recorded op schema is not the live one (checkpoints before it record none)."""
+    live = known_ops.op_schema(fn)
+    if recorded != live:
+        raise CheckpointError(f"recorded schema {recorded!r} does not match the live op's {live!r}"[:400])
+
+
 def resolve_function(name: str) -> Callable[..., Any]:
     """The callable a checkpoint names; only allowlisted names resolve (nothing is imported)."""
     if not isinstance(name, str):
@@ -363,20 +370,8 @@ _CONV = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dil
 _simple(nn.Linear, "in_features", "out_features", "bias")
 _simple(nn.Embedding, "num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type",
         "scale_grad_by_freq", "sparse")
-_simple(nn.LayerNorm, "normalized_shape", "eps", "elementwise_affine", "bias", tuples=("normalized_shape",))
 _simple(nn.Conv1d, *_CONV, tuples=("kernel_size", "stride", "padding", "dilation"))
 _simple(nn.Conv2d, *_CONV, tuples=("kernel_size", "stride", "padding", "dilation"))
-_simple(nn.Dropout, "p", "inplace")
-_simple(nn.BatchNorm1d, "num_features", "eps", "momentum", "affine", "track_running_stats")
-_simple(nn.BatchNorm2d, "num_features", "eps", "momentum", "affine", "track_running_stats")
-_simple(nn.GroupNorm, "num_groups", "num_channels", "eps", "affine")
-_simple(nn.ReLU, "inplace")
-_simple(nn.SiLU, "inplace")
-_simple(nn.GELU, "approximate")
-_simple(nn.Softmax, "dim")
-_simple(nn.LogSoftmax, "dim")
-for _cls in (nn.Tanh, nn.Sigmoid, nn.Identity):
-    _simple(_cls)
 for _container in (nn.Module, nn.ModuleList, nn.ModuleDict, nn.Sequential):
     register_module(_container, name=f"torch.nn.{_container.__name__}")
 register_module(
@@ -385,6 +380,9 @@ register_module(
     lambda c: ScaledDotProductAttention(**c),
     name="fxforge.ScaledDotProductAttention", keys=("dropout_p", "is_causal", "scale", "enable_gqa"),
 )
+# Every torch.nn activation, normalisation and shape module, specs built from their signatures (after
+# register_module exists: nn_modules imports it from here).
+from . import nn_modules  # noqa: E402,F401
 
 
 # -- pytree types -----------------------------------------------------------------------------------
