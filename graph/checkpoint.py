@@ -34,6 +34,7 @@ from .checkpoint_load import (
     reference_outputs,
 )
 from .checkpoint_values import check_node_name, check_path, encode_value, join
+from .known_ops import op_schema
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import dtype_name, get_meta, has_meta
 from .reference_outputs import outputs_of
@@ -148,8 +149,10 @@ def _node_json(node: fx.Node, gm: fx.GraphModule, tensor_names: set[str]) -> dic
     check_node_name(node.name, where)
     if not all(is_identifier(k) for k in node.kwargs):
         raise CheckpointError(f"{where}: keyword names must be identifiers")
+    schema = op_schema(node.target) if node.op == "call_function" else None
     return {"name": node.name, "op": node.op, "target": target, "args": encode_value(list(node.args), where),
-            "kwargs": {k: encode_value(v, where) for k, v in node.kwargs.items()}}
+            "kwargs": {k: encode_value(v, where) for k, v in node.kwargs.items()},
+            **({"schema": schema} if schema else {})}  # ops outside aten/prims: checked against the live op
 
 
 def save_checkpoint(mg: ForgeGraph, path: str | Path) -> Path:

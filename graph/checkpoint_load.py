@@ -226,6 +226,8 @@ def _build_graph(gm: fx.GraphModule, doc: dict[str, Any], version: int) -> fx.Gr
         kwargs = {k: decode_value(v, where, env) for k, v in kwargs.items()}
         try:
             fn = _target(gm, op, target, tuple(args), kwargs)
+            if "schema" in entry:  # recorded for ops outside aten/prims since schema 3 (older ones have none)
+                targets.check_op_schema(fn, entry["schema"])
             node = graph.create_node(op, fn, tuple(args), kwargs, name=name)
             reach.add(node)  # what the node can reach: never a write to a stored tensor, never a module value
         except (CheckpointError, AttributeError) as exc:

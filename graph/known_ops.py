@@ -80,6 +80,21 @@ def refusal(op: torch._ops.OpOverload) -> str | None:
     return None
 
 
+def op_schema(fn: object) -> str | None:
+    """The schema a checkpoint records for an op outside aten/prims (all overloads of a packet), else None.
+
+    The loader compares it with the live op, so a kernel whose signature changed since saving (a user's
+    registered namespace, or a known op) is refused instead of called with arguments bound for another.
+    """
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        ops = [getattr(fn, o) for o in fn.overloads()]
+    elif isinstance(fn, torch._ops.OpOverload):
+        ops = [fn]
+    else:
+        return None
+    return None if ops[0].namespace in ("aten", "prims") else "; ".join(str(o._schema) for o in ops)
+
+
 def _implementation(qualname: str) -> str | None:
     """module.qualname of the Python function a torch.library custom op runs (None if not a custom op)."""
     from torch._library.custom_ops import OPDEFS

@@ -3,7 +3,10 @@ and only because it is individually known (name, exact schema, implementation), 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from conftest import rehash_manifest
 from hf_tiny import VOCAB, hf_inputs
 
-from fxforge import ForgeGraph
+from fxforge import ExampleInputs, ForgeGraph
 from fxforge.graph import known_ops, targets
 from fxforge.graph.targets import CheckpointError
 
@@ -202,3 +206,74 @@ def test_a_known_op_without_its_library_is_a_clear_error() -> None:
     """)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "refused:" in out.stdout and "pip install transformers" in out.stdout
+
+
+class _CallsIdent(nn.Module):
+    """Linear then the test library's ``ident`` op: a user kernel trusted through register_op_namespace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.fxforge_known_test.ident.default(self.fc(x))
+
+
+def _graph_doc(path: Path) -> dict:
+    return json.loads((path / "graph.json").read_text())
+
+
+def test_checkpoints_record_and_check_the_schema_of_ops_outside_aten(
+        restore_registries: None, tmp_path: Path) -> None:
+    targets.register_op_namespace("fxforge_known_test")
+    x = torch.randn(5, 4)
+    with _ident_library("ident(Tensor x) -> Tensor", lambda x: x.clone()):
+        mg = ForgeGraph(_CallsIdent().eval(), example_inputs=ExampleInputs((torch.randn(2, 4),), {}),
+                        frontend="fx")
+        path = mg.export(tmp_path / "ident")
+        nodes = [n for n in _graph_doc(path)["nodes"] if n["op"] == "call_function"]
+        recorded = {n["target"]: n.get("schema") for n in nodes}
+        assert recorded["torch.ops.fxforge_known_test.ident.default"] == \
+            "fxforge_known_test::ident(Tensor x) -> Tensor"
+        assert all(s is None for t, s in recorded.items() if not t.startswith("torch.ops.fxforge_known_test."))
+        assert torch.equal(ForgeGraph.from_checkpoint(path)(x), mg(x))
+        old = _copy_without_schemas(path, tmp_path / "old")  # as written before schemas were recorded
+        assert torch.equal(ForgeGraph.from_checkpoint(old)(x), mg(x))
+    # the kernel changed its signature since the checkpoint was saved: refused, not called with old arguments
+    with _ident_library("ident(Tensor x, int k=0) -> Tensor", lambda x, k=0: x + k):
+        with pytest.raises(CheckpointError, match=r"recorded schema .*ident\(Tensor x\) -> Tensor.*int k"):
+            ForgeGraph.from_checkpoint(path)
+
+
+@contextlib.contextmanager
+def _ident_library(schema: str, impl: Callable[..., torch.Tensor]) -> Iterator[None]:
+    lib = torch.library.Library("fxforge_known_test", "DEF")
+    try:
+        lib.define(schema)
+        lib.impl("ident", impl, "CompositeExplicitAutograd")
+        yield
+    finally:
+        lib._destroy()
+
+
+def _copy_without_schemas(path: Path, dest: Path) -> Path:
+    shutil.copytree(path, dest)
+    doc = _graph_doc(dest)
+    for node in doc["nodes"]:
+        node.pop("schema", None)
+    (dest / "graph.json").write_text(json.dumps(doc))
+    rehash_manifest(dest)
+    return dest
+
+
+@pytest.mark.parametrize("schema", ["fxforge_known_custom::double(Tensor y) -> Tensor", 7, None, ""])
+def test_a_tampered_recorded_schema_is_refused(schema: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    _know(monkeypatch, "fxforge_known_custom::double.default", DOUBLE)
+    op = torch.ops.fxforge_known_custom.double.default
+    assert known_ops.op_schema(op) == DOUBLE
+    targets.check_op_schema(op, DOUBLE)
+    with pytest.raises(CheckpointError, match="recorded schema"):
+        targets.check_op_schema(op, schema)
+    targets.check_op_schema(torch.ops.aten.add.Tensor, None)  # aten ops record none
+    with pytest.raises(CheckpointError, match="recorded schema"):
+        targets.check_op_schema(torch.ops.aten.add.Tensor, "aten::add.Tensor(Tensor self) -> Tensor")

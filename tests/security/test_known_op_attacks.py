@@ -104,3 +104,18 @@ def test_no_name_outside_the_table_resolves_or_imports(namespace: str, op: str, 
     if resolved is not None:  # only the audited op resolves
         assert f"{namespace}::{op}.default" in known_ops.KNOWN_OPS
     assert set(sys.modules) <= before | {"transformers.integrations.moe"}
+
+
+@pytest.mark.parametrize("schema", ["transformers::grouped_mm_fallback(Tensor input, Tensor weight) -> Tensor",
+                                    None, 3, ["x"], ""])
+def test_a_tampered_recorded_schema_is_refused(ckpt: Path, schema: Any) -> None:
+    recorded: list[Any] = []
+
+    def edit(g: dict[str, Any]) -> None:
+        node = next(n for n in g["nodes"] if n["target"] == GROUPED_MM)
+        recorded.append(node["schema"])
+        node["schema"] = schema
+    edit_json(ckpt, "graph.json", edit)
+    assert recorded == [known_ops.KNOWN_OPS["transformers::grouped_mm_fallback.default"].schema]
+    with pytest.raises(CheckpointError, match="recorded schema .* does not match the live op"):
+        ForgeGraph.from_checkpoint(ckpt)
