@@ -110,7 +110,7 @@ def _matches(value: Any, typ: Any, key: str) -> bool:
     if typ is int:
         return type(value) is int
     if typ is float:
-        return type(value) in (int, float) and math.isfinite(value)
+        return (type(value) is int and abs(value) <= 2**53) or (type(value) is float and math.isfinite(value))
     if typ is str:
         return isinstance(value, str) and value in _CHOICES.get(key, ())
     if origin is Literal:
@@ -126,6 +126,12 @@ def _matches(value: Any, typ: Any, key: str) -> bool:
             return all(_matches(v, args[0], key) for v in value)
         return len(value) == len(args) and all(_matches(v, a, key) for v, a in zip(value, args, strict=True))
     raise TypeError(f"constructor parameter {key!r} has an annotation checkpoints cannot hold: {typ!r}")
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    """A checkpoint value for an error message, cut short (it may be long and is hostile)."""
+    text = repr(value) if not isinstance(value, BaseException) else str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _jsonable(value: Any) -> Any:
@@ -150,7 +156,7 @@ def _spec_functions(cls: type[nn.Module]) -> tuple[Callable[[nn.Module], dict[st
             raise CheckpointError(f"{name}: {what} has unknown keys {unknown}; allowed: {sorted(params)}")
         for key, value in config.items():
             if not _matches(value, params[key].annotation, key):
-                raise CheckpointError(f"{name}: {what}[{key!r}] = {value!r} is not a {params[key].annotation}"
+                raise CheckpointError(f"{name}: {what}[{key!r}] = {_short(value)} is not a {params[key].annotation}"
                                       + (f" (allowed: {list(_CHOICES[key])})" if key in _CHOICES else ""))
 
     def to_config(m: nn.Module) -> dict[str, Any]:
@@ -167,12 +173,12 @@ def _spec_functions(cls: type[nn.Module]) -> tuple[Callable[[nn.Module], dict[st
         try:
             module = cls(**kwargs)
         except Exception as exc:  # torch's own argument checks (ranges, divisibility) refuse it
-            raise CheckpointError(f"{name}: its constructor refuses config {config}: {exc}") from None
+            raise CheckpointError(f"{name}: its constructor refuses config {_short(config)}: {_short(exc)}") from None
         written = to_config(module)
         changed = sorted(k for k, v in config.items() if written[k] != v)
         if changed:
             raise CheckpointError(f"{name}: config keys {changed} do not read back as given (a config fxforge "
-                                  f"writes always does): {({k: config[k] for k in changed})}")
+                                  f"writes always does): {_short({k: config[k] for k in changed})}")
         return module
 
     return to_config, from_config, frozenset(params)

@@ -276,6 +276,57 @@ def test_tiny_mobilenet_v2_exports_and_reloads_with_zero_difference(tmp_path: Pa
             assert torch.equal(g.eval()(pixel_values=x).logits, want)
 
 
+# Configs as the hand-written registrations before nn_modules wrote them (no BatchNorm/GroupNorm "bias").
+OLD_CONFIGS = [
+    ("BatchNorm2d", {"num_features": 4, "eps": 1e-05, "momentum": 0.1, "affine": True, "track_running_stats": True}),
+    ("BatchNorm1d", {"num_features": 4, "eps": 1e-05, "momentum": None, "affine": False, "track_running_stats": True}),
+    ("GroupNorm", {"num_groups": 2, "num_channels": 4, "eps": 1e-05, "affine": True}),
+    ("LayerNorm", {"normalized_shape": [8], "eps": 1e-05, "elementwise_affine": False, "bias": True}),
+    ("LayerNorm", {"normalized_shape": [4, 8], "eps": 1e-05, "elementwise_affine": True, "bias": False}),
+    ("GELU", {"approximate": "tanh"}), ("Softmax", {"dim": -1}), ("Dropout", {"p": 0.1, "inplace": False}),
+    ("Tanh", {}), ("Identity", {}), ("ReLU", {"inplace": False}),
+]
+
+
+@pytest.mark.parametrize(("name", "config"), OLD_CONFIGS, ids=lambda x: str(x)[:40])
+def test_configs_written_by_the_old_registrations_still_load(name: str, config: dict[str, Any]) -> None:
+    spec = targets.resolve_module(f"torch.nn.{name}")
+    assert spec.from_config is not None and spec.to_config is not None
+    with torch.device("meta"):
+        module = spec.from_config(config)
+    written = spec.to_config(module)
+    assert {k: written[k] for k in config} == config and set(written) - set(config) <= {"bias"}
+
+
+class AttentionPool(nn.Module):
+    """A pooling head as SigLIP/CLIP-style towers build it, with the parametrized activations and norms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Upsample(scale_factor=2.0, mode="bilinear")
+        self.norm = nn.RMSNorm(8, eps=1e-4)
+        self.act = nn.PReLU(8, init=0.1)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True, add_bias_kv=True)
+        self.query = nn.Parameter(torch.randn(1, 1, 8))
+        self.out = nn.Sequential(nn.LayerNorm(8, bias=False), nn.Softmax(dim=-1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.act(self.norm(self.up(x).flatten(2).transpose(1, 2)).transpose(1, 2)).transpose(1, 2)
+        pooled, _ = self.attn(self.query.expand(x.shape[0], -1, -1), tokens, tokens)
+        return self.out(pooled)
+
+
+def test_attention_pool_with_parametrized_activations_round_trips_exactly(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = AttentionPool().eval()
+    g = ForgeGraph(model, example_inputs=(R(2, 8, 3, 3),), frontend="fx")
+    assert {nn.MultiheadAttention, nn.PReLU, nn.RMSNorm, nn.Upsample} <= {type(m) for m in g.model.modules()}
+    loaded = ForgeGraph.from_checkpoint(g.export(tmp_path / "pool")).eval()
+    for shape in ((2, 8, 3, 3), (3, 8, 4, 5)):
+        x = R(*shape)
+        assert torch.equal(loaded(x), model(x))
+
+
 # -- hostile configs ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("name", "config", "match"), [
     ("ReLU6", {"inplace": False, "evil": 1}, "unknown keys"),
@@ -294,6 +345,8 @@ def test_tiny_mobilenet_v2_exports_and_reloads_with_zero_difference(tmp_path: Pa
     ("GroupNorm", {"num_channels": 4}, "required keys"),
     ("LayerNorm", {"normalized_shape": [4], "elementwise_affine": False, "bias": False}, "do not read back"),
     ("MaxPool2d", {"kernel_size": 2, "stride": None}, "do not read back"),
+    ("Softplus", {"beta": 10**400}, "beta"),  # an int standing for a float must be one exactly
+    ("LayerNorm", {"normalized_shape": [2**70]}, "constructor refuses"),
 ])
 def test_hostile_configs_are_refused(name: str, config: dict[str, Any], match: str) -> None:
     spec = targets.resolve_module(f"torch.nn.{name}")
