@@ -7,6 +7,7 @@ captured gets a :class:`CaptureError` naming the module and source line that fai
 
 from __future__ import annotations
 
+import functools
 import linecache
 import re
 import traceback
@@ -29,6 +30,8 @@ from .guards import guard_spec, insert_guard
 from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inputs, is_hf_model
 from .inputs import ExampleInputs
 from .normalize import normalize
+from .training_guard import insert_training_guard
+from .training_only import train_mode_capture
 
 Frontend = Literal["auto", "fx", "export"]
 FRONTENDS: tuple[str, ...] = ("auto", "fx", "export")
@@ -176,6 +179,24 @@ def _trace_export(model: nn.Module, example: ExampleInputs,
     return gm, guard_spec(gm, ep.range_constraints, getattr(ep, "_guards_code", []), shapes is not None)
 
 
+def _trace_normalized(model: nn.Module, frontend: str, example: ExampleInputs | None, dynamic: bool,
+                      leaf_modules: tuple[type[nn.Module], ...], leaf_functions: tuple[Any, ...]
+                      ) -> tuple[fx.GraphModule, tuple[tuple[Any, ...] | None, list[str]]]:
+    """One trace of ``model`` in its current modes, normalised: (graph, (shape guards or None, notes))."""
+    notes: list[str] = []
+    guards = None
+    if frontend == "fx" or example is None:
+        gm = _trace_fx(model, leaf_modules, leaf_functions)
+    else:
+        gm, guards = _trace_export(model, example, dynamic)
+    return normalize(gm, model, notes), (guards, notes)
+
+
+def _site_path(site: _Site) -> tuple[str | None, str]:
+    """(module path of a failure site, or None when it is in no module; where it is) for training_only."""
+    return ("" if site.path == "<root>" else site.path or None), site.where
+
+
 def capture(
     model: nn.Module,
     example_inputs: Any = None,
@@ -232,11 +253,11 @@ def capture(
                     failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
                     continue
                 try:
-                    guards = None
-                    if name == "fx" or example is None:
-                        gm = _trace_fx(model, leaf_modules, leaf_functions)
-                    else:
-                        gm, guards = _trace_export(model, example, dynamic)
+                    trace = functools.partial(_trace_normalized, model, name, example, dynamic, leaf_modules,
+                                              leaf_functions)
+                    gm, (guards, traced_notes), taken = train_mode_capture(
+                        model, trace,
+                        lambda exc: _site_path(_failure_site(exc, model)))
                 except Exception as exc:  # noqa: BLE001 - reported with context below
                     site = _failure_site(exc, model)
                     sites.append(site)
@@ -245,11 +266,14 @@ def capture(
                     continue
                 if failures:
                     notes.append(f"fell back to {name} after " + "; ".join(failures))
-                gm = normalize(gm, model, notes)
+                notes.extend(traced_notes)
                 if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
                     insert_guard(gm, guards[0], guards[1])
-                    gm.recompile()
                     notes.extend(guards[2])
+                if taken.causes or taken.whole_model:  # train mode refuses (graph/training_guard)
+                    insert_training_guard(gm, taken.labelled(model))
+                    notes.extend(taken.notes(model))
+                gm.recompile()
                 gm.train(was_training)
                 if key is not None:
                     capture_cache.store(key, gm, model, name, tuple(notes))

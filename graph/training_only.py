@@ -1,0 +1,206 @@
+"""Training-only regions: modules whose train-mode forward is random in a way no switch restores (stochastic
+depth, LayerDrop, SpecAugment) or cannot be traced at all; capture takes them in eval semantics.
+
+Capture traces in train mode so dropout stays switchable (graph/dropout_tracing, graph/normalize). Any other
+random op would be baked into the eval graph. A node is random when its ATen op is tagged
+``nondeterministic_seeded`` (for fx: the ATen op of the torch function's or method's name), unless it is
+given ``train=False``. Only when the normalised train-mode graph has some, an eval-mode trace is compared:
+the innermost modules owning more random ops in train mode than in eval mode are training-only (the rest is
+the model's eval semantics, kept). Those modules' *own* ``training`` flag is turned off (children such as
+``nn.Dropout`` stay in train mode) and the model re-traced, until none is left. A train-mode trace that fails
+does the same with the failing module (its training branch is untraceable, e.g. wav2vec2's SpecAugment and
+LayerDrop); if that does not converge, the whole model is traced in eval mode with its dropout modules in
+train mode. Every flag is restored afterwards. The graph then carries a refusal (graph/training_guard).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+__all__ = ["is_random", "random_owners", "train_mode_capture", "TrainingCaptureError", "MAX_MODULES"]
+
+MAX_MODULES = 6  # modules taken in eval semantics before falling back to an eval-mode capture
+_TRAIN_ARGS = ("train", "training")
+T = TypeVar("T")
+
+
+def _packet_random(name: str) -> torch._ops.OpOverloadPacket | None:
+    """The ATen op packet of that name when one of its overloads is ``nondeterministic_seeded``."""
+    packet = getattr(torch.ops.aten, name, None) if name and not name.startswith("__") else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    return packet if any(torch.Tag.nondeterministic_seeded in o.tags for o in overloads) else None
+
+
+def _told_not_to_train(node: fx.Node, schema: torch.FunctionSchema) -> bool:
+    """Whether the call passes ``train=False``/``training=False`` (dropout in eval mode: not random)."""
+    for i, arg in enumerate(schema.arguments):
+        if arg.name in _TRAIN_ARGS:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, node.kwargs.get("training"))
+            return value is False
+    return False
+
+
+def is_random(node: fx.Node) -> bool:
+    """Whether ``node`` draws random numbers (an ATen op, torch function or Tensor method tagged
+    ``nondeterministic_seeded``, not called with ``train=False``)."""
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        op = node.target
+        return torch.Tag.nondeterministic_seeded in op.tags and not _told_not_to_train(node, op._schema)
+    if node.op == "call_method":
+        name = str(node.target)
+    elif node.op == "call_function" and callable(node.target):
+        name = getattr(node.target, "__name__", "")
+    else:
+        return False
+    packet = _packet_random(name)
+    if packet is None:
+        return False
+    schema = getattr(packet, packet.overloads()[0])._schema
+    return not _told_not_to_train(node, schema)
+
+
+def _owner(node: fx.Node) -> str:
+    """Path of the innermost module whose forward produced ``node`` ("" for the root's own forward)."""
+    stack = node.meta.get("nn_module_stack")
+    return str(list(stack.values())[-1][0]) if stack else ""
+
+
+def random_owners(gm: fx.GraphModule) -> Counter[str]:
+    """How many random nodes each module (innermost owner) has in ``gm``."""
+    return Counter(_owner(n) for n in gm.graph.nodes if is_random(n))
+
+
+@contextmanager
+def _own_flags_off(model: nn.Module, paths: list[str]) -> Iterator[None]:
+    """Turn off the ``training`` flag of exactly these modules (not their children); restore it after."""
+    modules = [model.get_submodule(p) for p in paths]
+    saved = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.training = False
+        yield
+    finally:
+        for m, flag in zip(modules, saved):
+            m.training = flag
+
+
+def _is_dropout(m: nn.Module) -> bool:
+    return isinstance(m, nn.modules.dropout._DropoutNd)
+
+
+@contextmanager
+def _eval_mode(model: nn.Module, keep_dropout: bool) -> Iterator[None]:
+    """The whole model in eval mode (``keep_dropout``: its dropout modules stay in train mode); flags restored."""
+    saved = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        if keep_dropout:
+            for m in model.modules():
+                if _is_dropout(m):
+                    m.training = True
+        yield
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+class TrainingCaptureError(RuntimeError):
+    """The train-mode trace failed in training-only branches and the eval-mode capture failed too."""
+
+    def __init__(self, message: str, eval_error: BaseException) -> None:
+        super().__init__(message)
+        self.eval_error = eval_error
+
+
+@dataclass
+class EvalSemantics:
+    """What capture took in eval semantics: module path -> cause; ``whole_model``: the eval-mode fallback."""
+
+    causes: dict[str, str] = field(default_factory=dict)
+    whole_model: bool = False
+
+    def labelled(self, model: nn.Module) -> dict[str, str]:
+        """Module path -> "path (Class): cause", the whole model under "" when it fell back to eval mode."""
+        out = {path: f"{path or '<root>'} ({type(model.get_submodule(path)).__name__}): {why}"
+               for path, why in self.causes.items()}
+        if self.whole_model:
+            out.setdefault("", f"<root> ({type(model).__name__}): the train-mode trace could not be freed of "
+                               "training-only behaviour module by module, so the whole model was captured in eval "
+                               "mode (its dropout modules stay switchable; dropout it applies by other means, e.g. "
+                               "SDPA's dropout_p, is off)")
+        return out
+
+    def notes(self, model: nn.Module) -> list[str]:
+        out = [f"captured {cause}" for cause in self.labelled(model).values()]
+        return out + ["captured in eval semantics: train mode refuses to run this graph "
+                      "(fxforge.graph.training_guard)"] if out else out
+
+
+Site = Callable[[BaseException], tuple[str | None, str]]
+
+
+def _short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+    return text if len(text) < 300 else text[:300] + " ..."
+
+
+def _random_ops(gm: fx.GraphModule, owner: str) -> str:
+    ops = sorted({str(n.target) for n in gm.graph.nodes if is_random(n) and _owner(n) == owner})
+    return ", ".join(ops[:3]) + (" ..." if len(ops) > 3 else "")
+
+
+def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphModule, T]],
+                       site: Site) -> tuple[fx.GraphModule, T, EvalSemantics]:
+    """Run ``attempt`` (trace + normalise ``model``, in train mode) until no training-only region is left
+    (see the module docstring). ``site(exc)``: (path of the module a failure happened in or None, where).
+    Raises the first train-mode error when the eval-mode capture fails the same way (the failure is not
+    about training), :class:`TrainingCaptureError` when it fails otherwise."""
+    taken = EvalSemantics()
+    first: BaseException | None = None
+    eval_counts: Counter[str] | None = None
+    for _ in range(MAX_MODULES + 1):
+        try:
+            with _own_flags_off(model, list(taken.causes)):
+                gm, extra = attempt()
+        except Exception as exc:  # noqa: BLE001 - retried with the failing module in eval semantics
+            first = first or exc
+            path, where = site(exc)
+            if path is None or path in taken.causes or len(taken.causes) >= MAX_MODULES:
+                break
+            taken.causes[path] = f"its training branch could not be traced ({_short(exc)}{where})"
+            continue
+        counts = random_owners(gm)
+        if not counts:
+            return gm, extra, taken
+        if eval_counts is None:
+            with _eval_mode(model, keep_dropout=False):
+                eval_counts = random_owners(attempt()[0])
+        excess = [o for o, c in counts.items() if c > eval_counts.get(o, 0)]
+        if not excess:
+            return gm, extra, taken
+        new = [o for o in excess if o not in taken.causes]
+        if not new or len(taken.causes) + len(new) > MAX_MODULES:
+            break
+        for owner in new:
+            taken.causes[owner] = f"random ops only in train mode ({_random_ops(gm, owner)})"
+    taken.whole_model = True
+    try:
+        with _eval_mode(model, keep_dropout=True):
+            gm, extra = attempt()
+    except Exception as exc:
+        if first is None or _short(exc) == _short(first):
+            raise (first or exc) from None
+        raise TrainingCaptureError(
+            f"{_short(first)}; with the training branches of {list(taken.causes) or ['<root>']} in eval semantics "
+            f"it still failed, and the whole model in eval mode failed with {_short(exc)}", exc) from first
+    return gm, extra, taken
