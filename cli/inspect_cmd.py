@@ -1,19 +1,22 @@
 """``fxforge inspect MODEL``: capture (or reload) a model and print what the IR holds.
 
 Prints where the model came from, the frontend, node counts by kind and by op, parameters, the pass
-history and capture notes, then the per-node table (kind, op, shapes, dtypes) cut to the terminal width.
+history, which input dimensions accept any size and which capture fixed (with why), and capture notes,
+then the per-node table (kind, op, shapes, dtypes) cut to the terminal width.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 
 from .. import passes
 from ..graph.forge_graph import ForgeGraph
 from ..graph.metadata import has_meta
+from ..graph.static_dims import input_dims
 from ..passes.analysis.table import format_table, terminal_width
 
-__all__ = ["ensure_metadata", "summary"]
+__all__ = ["dims_lines", "ensure_metadata", "summary"]
 
 
 def ensure_metadata(mg: ForgeGraph) -> ForgeGraph:
@@ -24,6 +27,23 @@ def ensure_metadata(mg: ForgeGraph) -> ForgeGraph:
     if mg.example_inputs is not None:
         mg, _ = passes.add_common_metadata_analysis_pass(mg)
     return mg
+
+
+def dims_lines(mg: ForgeGraph, width: int) -> list[str]:
+    """``dynamic dims:`` and ``static dims:`` lines from the graph's shape guard, reasons wrapped to ``width``."""
+    dims = input_dims(mg.model)
+    if not dims.guarded:
+        why = "fx capture: torch.fx specialises no input size" if mg.frontend == "fx" else \
+            "no shape guard: torch.export fixed no input size and proved no range"
+        return [f"dynamic dims: {'not recorded' if mg.frontend == 'fx' else 'every input dimension'} ({why})"]
+    pad = " " * 14
+    lines = textwrap.wrap("dynamic dims: " + (", ".join(dims.dynamic) or "none"), width, subsequent_indent=pad)
+    if not dims.static:
+        return [*lines, "static dims:  none"]
+    for k, static in enumerate(dims.static):
+        lines += textwrap.wrap(("static dims:  " if k == 0 else pad) + str(static), width, subsequent_indent=pad + "  ",
+                               break_long_words=False, break_on_hyphens=False)
+    return lines
 
 
 def summary(mg: ForgeGraph, source: str, max_nodes: int | None = 40) -> str:
@@ -45,6 +65,7 @@ def summary(mg: ForgeGraph, source: str, max_nodes: int | None = 40) -> str:
         "kinds:      " + ", ".join(f"{k} {v}" for k, v in kinds.most_common()),
         "top ops:    " + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)),
         f"passes:     {history}",
+        *dims_lines(mg, width),
     ]
     lines += [f"note:       {note}" for note in mg.capture_notes]
     shown = rows if max_nodes is None else rows[:max_nodes]
