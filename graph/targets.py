@@ -380,9 +380,6 @@ register_module(
     lambda c: ScaledDotProductAttention(**c),
     name="fxforge.ScaledDotProductAttention", keys=("dropout_p", "is_causal", "scale", "enable_gqa"),
 )
-# Every torch.nn activation, normalisation and shape module, specs built from their signatures (after
-# register_module exists: nn_modules imports it from here).
-from . import nn_modules  # noqa: E402,F401
 
 
 # -- pytree types -----------------------------------------------------------------------------------
