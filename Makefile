@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # importable as top-level modules (transformers probes `kernels`), in tests and their subprocesses alike.
 export PYTHONSAFEPATH ?= 1
 
-.PHONY: demo test lint typecheck venv lock clean-venv
+.PHONY: demo test test-reach lint typecheck venv lock clean-venv
 
 venv: $(VENV_STAMP)
 
@@ -32,7 +32,11 @@ demo: $(VENV_STAMP)
 	$(PY) -m fxforge.examples.demo
 
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach" tests
+
+# The architecture reach sweep (tests/reach): all its tiny transformers architectures, not only `test`'s 12.
+test-reach: $(VENV_STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests/reach
 
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check .
