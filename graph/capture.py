@@ -31,7 +31,7 @@ from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inpu
 from .inputs import ExampleInputs
 from .normalize import normalize
 from .training_guard import insert_training_guard
-from .training_only import train_mode_capture
+from .training_only import TrainingCaptureError, train_mode_capture
 
 Frontend = Literal["auto", "fx", "export"]
 FRONTENDS: tuple[str, ...] = ("auto", "fx", "export")
@@ -118,6 +118,8 @@ def _failure_site(exc: BaseException, model: nn.Module) -> _Site:
 
 
 def _short(exc: BaseException) -> str:
+    if isinstance(exc, TrainingCaptureError):  # its message already names the errors it stands for
+        return str(exc)
     lines = [ln for ln in traceback.format_exception_only(type(exc), exc)[-1].strip().splitlines() if ln.strip()]
     text = lines[0] if lines else type(exc).__name__
     return text if len(text) < 400 else text[:400] + " ..."
@@ -132,6 +134,8 @@ def _cause_hint(exc: BaseException, hf: bool) -> str | None:
     """A remedy matching what actually failed (None: no specific knowledge of this failure)."""
     if isinstance(exc, GradModeSwitchError):
         return GRAD_MODE_HINT
+    if isinstance(exc, TrainingCaptureError):  # the eval-mode failure is what is left to fix
+        return _cause_hint(exc.eval_error, hf)
     text = str(exc)
     m = _OUTPUT_TYPE.search(text)
     if m:
@@ -248,36 +252,39 @@ def capture(
     try:
         # Grad enabled: under a caller's no_grad, export would record no no_grad region (gradients would differ).
         with cache_disabled(model, notes) if hf else nullcontext(), torch.enable_grad():
-            for name in order:
-                if name != "fx" and example is None:
-                    failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
-                    continue
-                try:
-                    trace = functools.partial(_trace_normalized, model, name, example, dynamic, leaf_modules,
-                                              leaf_functions)
-                    gm, (guards, traced_notes), taken = train_mode_capture(
-                        model, trace,
-                        lambda exc: _site_path(_failure_site(exc, model)))
-                except Exception as exc:  # noqa: BLE001 - reported with context below
-                    site = _failure_site(exc, model)
-                    sites.append(site)
-                    errors.append(exc)
-                    failures.append(f"{name}: failed in {site.describe()}: {_short(exc)}")
-                    continue
-                if failures:
-                    notes.append(f"fell back to {name} after " + "; ".join(failures))
-                notes.extend(traced_notes)
-                if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
-                    insert_guard(gm, guards[0], guards[1])
-                    notes.extend(guards[2])
-                if taken.causes or taken.whole_model:  # train mode refuses (graph/training_guard)
-                    insert_training_guard(gm, taken.labelled(model))
+            # Every frontend in train mode first; only when all fail, again taking failing training branches in
+            # eval semantics (graph/training_only): a frontend that traces the training branch is better.
+            for in_eval in (False, True):
+                failures, sites, errors = [], [], []
+                for name in order:
+                    if name != "fx" and example is None:
+                        failures.append("export: needs example_inputs (a tensor, tuple of args or dict of kwargs)")
+                        continue
+                    try:
+                        trace = functools.partial(_trace_normalized, model, name, example, dynamic, leaf_modules,
+                                                  leaf_functions)
+                        gm, (guards, traced_notes), taken = train_mode_capture(
+                            model, trace, lambda exc: _site_path(_failure_site(exc, model)), in_eval)
+                    except Exception as exc:  # noqa: BLE001 - reported with context below
+                        site = _failure_site(exc, model)
+                        sites.append(site)
+                        errors.append(exc)
+                        failures.append(f"{name}: failed in {site.describe()}: {_short(exc)}")
+                        continue
+                    if failures:
+                        notes.append(f"fell back to {name} after " + "; ".join(failures))
+                    notes.extend(traced_notes)
+                    if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
+                        insert_guard(gm, guards[0], guards[1])
+                        notes.extend(guards[2])
+                    if taken.causes or taken.whole_model:  # train mode refuses (graph/training_guard)
+                        insert_training_guard(gm, taken.labelled(model))
                     notes.extend(taken.notes(model))
-                gm.recompile()
-                gm.train(was_training)
-                if key is not None:
-                    capture_cache.store(key, gm, model, name, tuple(notes))
-                return CaptureResult(gm, name, example, tuple(notes))
+                    gm.recompile()
+                    gm.train(was_training)
+                    if key is not None:
+                        capture_cache.store(key, gm, model, name, tuple(notes))
+                    return CaptureResult(gm, name, example, tuple(notes))
     finally:
         model.train(was_training)
 

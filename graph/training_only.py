@@ -94,6 +94,15 @@ def _own_flags_off(model: nn.Module, paths: list[str]) -> Iterator[None]:
             m.training = flag
 
 
+def _resolves(model: nn.Module, path: str) -> bool:
+    """Whether ``path`` (from a node's nn_module_stack) names a submodule of ``model``."""
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
 def _is_dropout(m: nn.Module) -> bool:
     return isinstance(m, nn.modules.dropout._DropoutNd)
 
@@ -115,7 +124,8 @@ def _eval_mode(model: nn.Module, keep_dropout: bool) -> Iterator[None]:
 
 
 class TrainingCaptureError(RuntimeError):
-    """The train-mode trace failed in training-only branches and the eval-mode capture failed too."""
+    """The train-mode trace failed in training-only branches and the eval-mode capture failed otherwise: the
+    eval-mode failure (``eval_error``, also the ``__cause__``) is the one to fix."""
 
     def __init__(self, message: str, eval_error: BaseException) -> None:
         super().__init__(message)
@@ -128,6 +138,7 @@ class EvalSemantics:
 
     causes: dict[str, str] = field(default_factory=dict)
     whole_model: bool = False
+    remarks: list[str] = field(default_factory=list)  # capture notes that are not eval semantics
 
     def labelled(self, model: nn.Module) -> dict[str, str]:
         """Module path -> "path (Class): cause", the whole model under "" when it fell back to eval mode."""
@@ -142,8 +153,9 @@ class EvalSemantics:
 
     def notes(self, model: nn.Module) -> list[str]:
         out = [f"captured {cause}" for cause in self.labelled(model).values()]
-        return out + ["captured in eval semantics: train mode refuses to run this graph "
-                      "(fxforge.graph.training_guard)"] if out else out
+        if out:
+            out.append("in eval semantics: train mode refuses to run this graph (fxforge.graph.training_guard)")
+        return out + self.remarks
 
 
 Site = Callable[[BaseException], tuple[str | None, str]]
@@ -159,12 +171,13 @@ def _random_ops(gm: fx.GraphModule, owner: str) -> str:
     return ", ".join(ops[:3]) + (" ..." if len(ops) > 3 else "")
 
 
-def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphModule, T]],
-                       site: Site) -> tuple[fx.GraphModule, T, EvalSemantics]:
+def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphModule, T]], site: Site,
+                       retry_failures: bool = True) -> tuple[fx.GraphModule, T, EvalSemantics]:
     """Run ``attempt`` (trace + normalise ``model``, in train mode) until no training-only region is left
     (see the module docstring). ``site(exc)``: (path of the module a failure happened in or None, where).
-    Raises the first train-mode error when the eval-mode capture fails the same way (the failure is not
-    about training), :class:`TrainingCaptureError` when it fails otherwise."""
+    A failing trace is raised as it is unless ``retry_failures``; then the first train-mode error is raised
+    when the eval-mode capture fails the same way at the same site (the failure is not about training),
+    :class:`TrainingCaptureError` when it fails otherwise."""
     taken = EvalSemantics()
     first: BaseException | None = None
     eval_counts: Counter[str] | None = None
@@ -173,6 +186,8 @@ def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphMod
             with _own_flags_off(model, list(taken.causes)):
                 gm, extra = attempt()
         except Exception as exc:  # noqa: BLE001 - retried with the failing module in eval semantics
+            if not retry_failures:
+                raise
             first = first or exc
             path, where = site(exc)
             if path is None or path in taken.causes or len(taken.causes) >= MAX_MODULES:
@@ -183,13 +198,18 @@ def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphMod
         if not counts:
             return gm, extra, taken
         if eval_counts is None:
-            with _eval_mode(model, keep_dropout=False):
-                eval_counts = random_owners(attempt()[0])
+            try:
+                with _eval_mode(model, keep_dropout=False):
+                    eval_counts = random_owners(attempt()[0])
+            except Exception as exc:  # noqa: BLE001 - cannot tell training-only from eval randomness: keep all
+                taken.remarks.append(f"random ops of {sorted(counts)} kept as they are: the eval-mode trace that "
+                                     f"tells training-only ones apart failed ({_short(exc)})")
+                return gm, extra, taken
         excess = [o for o, c in counts.items() if c > eval_counts.get(o, 0)]
         if not excess:
             return gm, extra, taken
         new = [o for o in excess if o not in taken.causes]
-        if not new or len(taken.causes) + len(new) > MAX_MODULES:
+        if not new or not all(_resolves(model, o) for o in new) or len(taken.causes) + len(new) > MAX_MODULES:
             break
         for owner in new:
             taken.causes[owner] = f"random ops only in train mode ({_random_ops(gm, owner)})"
@@ -198,9 +218,10 @@ def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphMod
         with _eval_mode(model, keep_dropout=True):
             gm, extra = attempt()
     except Exception as exc:
-        if first is None or _short(exc) == _short(first):
-            raise (first or exc) from None
+        if first is None or (site(exc), _short(exc)) == (site(first), _short(first)):
+            raise (first or exc) from None  # not about training: the train-mode error as it was
+        path, where = site(first)
         raise TrainingCaptureError(
-            f"{_short(first)}; with the training branches of {list(taken.causes) or ['<root>']} in eval semantics "
-            f"it still failed, and the whole model in eval mode failed with {_short(exc)}", exc) from first
+            f"{_short(exc)} (in eval mode; in train mode it failed first in {path or '<root>'}{where}, and taking "
+            f"{[p or '<root>' for p in taken.causes]} in eval semantics did not get past it)", exc) from exc
     return gm, extra, taken

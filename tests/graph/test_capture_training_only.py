@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fxforge import ForgeGraph
+from fxforge import CaptureError, ForgeGraph
 from fxforge.graph.capture import capture
 from fxforge.graph.training_guard import GUARD_MODULE, TrainingOnlyError, allow_training_in_eval_semantics
 from fxforge.passes import dce_transform_pass
@@ -188,3 +188,86 @@ def test_wav2vec2_captures_with_its_untraceable_training_branches_in_eval_semant
                 assert torch.equal(graph(input_values=x).logits, want)
     for graph in (mg, loaded):
         _refuses(graph, lambda g=graph, x=x: g(input_values=x), "wav2vec2.encoder", "layerdrop")
+
+
+def test_guard_survives_metadata_quantization_dead_code_and_checkpoints(tmp_path: Path) -> None:
+    from pass_cases import FIXED_LINEAR
+
+    from fxforge import passes
+
+    torch.manual_seed(0)
+    mg = ForgeGraph(Net().eval(), torch.randn(3, 8), frontend="export").eval()
+    mg, _ = passes.init_metadata_analysis_pass(mg)
+    mg, _ = passes.add_common_metadata_analysis_pass(mg)
+    mg, _ = passes.quantize_transform_pass(mg, FIXED_LINEAR)
+    mg.model.graph.eliminate_dead_code()  # fx's own: the guard has no users, but says it is impure
+    mg.recompile()
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "q"))
+    x = torch.randn(4, 8)
+    for graph in (mg, loaded):
+        assert len(_guards(graph)) == 1 and torch.equal(graph(x), mg(x))
+        _refuses(graph, lambda g=graph: g(x), "blocks.1.drop_path")
+    allow_training_in_eval_semantics(loaded)
+    reloaded = ForgeGraph.from_checkpoint(loaded.export(tmp_path / "allowed"))
+    reloaded.train()
+    assert reloaded(x).shape == (4, 2)  # the opt-in is kept in the checkpoint
+
+
+def test_no_random_op_no_extra_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import make_tiny_bert
+
+    import fxforge.graph.capture as capture_module
+
+    traces: list[str] = []
+    real = capture_module._trace_normalized
+    monkeypatch.setattr(capture_module, "_trace_normalized", lambda *a: traces.append(a[1]) or real(*a))
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"], cache=False)
+    assert traces == ["export"] and not _guards(mg)
+
+
+class _TrainOnlyBranch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.sum() > 0:  # untraceable only in train mode
+            return x * 2
+        return x
+
+
+class _AlsoUntraceableInEval(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.branch = _TrainOnlyBranch()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.branch(x)
+        if x.mean() > 0:  # untraceable in any mode
+            return x + 1
+        return x
+
+
+def test_error_names_what_still_fails_in_eval_mode_not_the_training_branch() -> None:
+    with pytest.raises(CaptureError) as info:
+        ForgeGraph(_AlsoUntraceableInEval(), frontend="fx")
+    msg = str(info.value)
+    assert "module '<root>' (_AlsoUntraceableInEval)" in msg and "if x.mean() > 0" in msg and "in eval mode" in msg
+    assert "failed first in branch" in msg and "self.training and x.sum() > 0" in msg and "['branch'" in msg
+    assert "leaf_modules" not in msg and "top-level forward" in msg
+
+
+class _SizeBranch(nn.Module):
+    """A training branch fx cannot trace (a size in an ``if``) but torch.export can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.size(0) > 1:
+            x = self.drop(x)
+        return self.lin(x)
+
+
+def test_auto_prefers_a_frontend_that_traces_the_training_branch() -> None:
+    mg = ForgeGraph(_SizeBranch(), torch.randn(3, 4))
+    assert mg.frontend == "export" and not _guards(mg)
+    assert not any("eval semantics" in note for note in mg.capture_notes)
