@@ -40,6 +40,7 @@ from ..select import node_identity
 from .attention import QuantizedSDPA
 from .config import FFT_OPS, QUANTIZABLE_OPS, OpQuantConfig, QuantizeConfig
 from .modules import QUANTIZED_LAYERS, build_quantized_layer, layer_roles
+from .params import from_parameter
 from .quantizer import Quantize
 from .records import QuantizationRecord
 from .state import quantizers as all_quantizers
@@ -82,6 +83,9 @@ def _einsum_roles(node: fx.Node) -> list[tuple[int, str, int, int]]:
 
 
 def _arg_roles(node: fx.Node, op: str) -> list[tuple[int, str, int, int]]:
+    if op in ("matmul", "bmm") and len(node.args) >= 2 and from_parameter(node.args[0]) \
+            and not from_parameter(node.args[1]):  # W @ x: the parameter is the weight (per row), x the input
+        return [(0, "weight", -2, -1), (1, "data_in", -1, -2)]
     if op in ("add", "sub", "mul"):
         return [(i, "data_in", -1, -1) for i in range(min(len(node.args), 2))]
     if op == "einsum":
@@ -142,7 +146,9 @@ class _Rewriter:
             assert isinstance(arg, fx.Node)
             key = f"{role}_{index}"
             path = f"{CONTAINER}.{node.name}__{key}"
-            q = Quantize(spec, role, is_param=arg.op == "get_attr", channel_axis=channel, block_axis=block)
+            # a parameter (or a view / slice of one: MultiheadAttention's in_proj_weight) is a weight wherever it
+            # enters: scale from its own values on every call, never a calibrated one
+            q = Quantize(spec, role, is_param=from_parameter(arg), channel_axis=channel, block_axis=block)
             new = self._new_quant_node(path, q, arg, arg, before=node)
             self.rw.set_arg(node, index, new)
             done[key] = path
