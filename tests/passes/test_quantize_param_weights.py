@@ -213,3 +213,34 @@ def test_multihead_attention_parameters_are_weights(fmt: str, tmp_path: Path) ->
     # per node, end to end up to it: the lowest are the pooling query's one-token projections (linear_4/5):
     # 26-30 dB at 8-bit integers, 15 dB at fp8; 5 dB under the output bound
     assert len(rep.nodes) == 15 and all(r["sqnr_db"] > MIN_FORMAT_SQNR_DB[fmt] - 5 for r in rep.nodes), rep.nodes
+
+
+class _Operands(nn.Module):
+    """Operands that are and are not parameters, as fx traces them (Tensor methods, ``.T``, indexing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8) / 4)
+        self.table = nn.Parameter(torch.randn(10, 16))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        a = torch.nn.functional.linear(x, self.w.T.contiguous())  # a parameter, transposed: a weight
+        b = torch.matmul(x, self.table[ids].t())  # rows picked by an input: an activation
+        c = torch.matmul(x, self.w * x.abs().mean())  # scaled by an activation: an activation
+        return a + b.sum(-1, keepdim=True) + c
+
+
+def test_only_parameters_are_weights_in_an_fx_graph() -> None:
+    torch.manual_seed(0)
+    model = _Operands().eval()
+    x, ids = torch.randn(4, 16), torch.tensor([1, 3, 3])
+    mg = ForgeGraph(model, (x, ids), frontend="fx")
+    cfg = {"by": "type", "linear": README_CFG["linear"], "matmul": README_CFG["linear"]}
+    mg, _ = quantize_transform_pass(mg, cfg)
+    roles = {p.removeprefix(f"{CONTAINER}."): (q.role, q.is_param) for p, q in quantizers(mg.model).items()}
+    assert roles == {"linear__data_in_0": ("data_in", False), "linear__weight_1": ("weight", True),
+                     "matmul__data_in_0": ("data_in", False), "matmul__weight_1": ("weight", False),
+                     "matmul_1__data_in_0": ("data_in", False), "matmul_1__weight_1": ("weight", False)}
+    mg, _ = calibrate_transform_pass(mg, {"data": [(x, ids)]})
+    with torch.no_grad():
+        assert _sqnr(model(x, ids), mg.model(x, ids)) > MIN_SQNR_DB
