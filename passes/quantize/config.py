@@ -16,9 +16,11 @@
   matching key (in dict order) wins.
 * An op config holds ``name`` (a format of :data:`FORMATS`, or None), optional ``bypass`` and the
   format's parameters per role as ``<role>_<param>``; roles are ``data_in`` (inputs; the first
-  operand of a matmul), ``weight`` (module weight; the second operand of a matmul), ``bias`` and
-  ``data_out`` (the output). A role is quantized when any of its keys is given. Roles an op does not
-  have are ignored, so one default config can serve every op.
+  operand of a matmul), ``weight`` (module weight; the second operand of a matmul, or a parameter on
+  its left: ``W @ x``), ``bias`` and ``data_out`` (the output). A role is quantized when any of its keys
+  is given. Roles an op does not have are ignored, so one default config can serve every op. An operand
+  that is a parameter (or a view, slice or split of one) takes its scale from its own values on every
+  call, whatever its role; only activations take theirs from calibration.
 
 Parsing never mutates the caller's dict; every error names the key and lists the allowed values.
 """

@@ -8,7 +8,8 @@
 * Other ops (matmul, bmm, einsum, add, sub, mul, relu, gelu, softmax, functional linear/conv/
   layer_norm, FFTs) get :class:`Quantize` call_module nodes inserted on their floating-point tensor
   inputs and on their output. Complex tensors (the AFNO FFT path) are quantized as real and
-  imaginary parts.
+  imaginary parts. An input that is a parameter, or a view / slice / split of one (``params.py``:
+  nn.MultiheadAttention's ``in_proj_weight``), is quantized as a weight, with a scale from itself.
 
 * A module that wraps a layer (``fxforge_wraps``, e.g. LoRA's ``LoraLinear``) gets the wrapped layer
   quantized; the wrapper's own part (the LoRA adapter) stays float and is listed in
