@@ -34,8 +34,8 @@ def dims_lines(mg: ForgeGraph, width: int) -> list[str]:
     dims = input_dims(mg.model)
     if not dims.guarded:
         why = "fx capture: torch.fx specialises no input size" if mg.frontend == "fx" else \
-            "no shape guard: torch.export fixed no input size and proved no range"
-        return [f"dynamic dims: {'not recorded' if mg.frontend == 'fx' else 'every input dimension'} ({why})"]
+            "no shape guard in this graph: capture adds one whenever torch.export fixes a size or proves a range"
+        return textwrap.wrap(f"dynamic dims: not checked ({why})", width, subsequent_indent=" " * 14)
     pad = " " * 14
     lines = textwrap.wrap("dynamic dims: " + (", ".join(dims.dynamic) or "none"), width, subsequent_indent=pad)
     if not dims.static:

@@ -80,11 +80,12 @@ def specialisation_reasons(placeholders: list[fx.Node]) -> dict[tuple[str, int],
             m = _SOURCE.match(source.name)
             if m is None or m.group(1) not in names:
                 continue
-            guard = next((g for g in env.guards if symbol in g.expr.free_symbols and g.expr.is_Equality), None)
+            # the guard pinning this symbol alone to a number (not one relating it to another symbol)
+            guard = next((g for g in env.guards if g.expr.is_Equality and g.expr.free_symbols == {symbol}), None)
+            ranges = getattr(env, "var_to_range_sloc", {}).get(symbol)
             if guard is not None:
                 cause = _cause(guard.sloc, guard.expr)
             else:
-                ranges = getattr(env, "var_to_range_sloc", {}).get(symbol)
                 cause = _cause(getattr(ranges, "lower", None), f"{symbol} == {value}")
             reasons[(m.group(1), int(m.group(2)))] = \
                 f"torch.export specialised {m.group(1)} dim {m.group(2)} to {int(value)}: {cause}"

@@ -51,4 +51,11 @@ def test_inspect_fixed_shape_capture_says_so() -> None:
 
 def test_inspect_fx_capture_records_no_guard() -> None:
     text = summary(ensure_metadata(ForgeGraph(make_gpt(), frontend="fx")), "gpt (fx)", 0)
-    assert "dynamic dims: not recorded (fx capture: torch.fx specialises no input size)" in text
+    assert "dynamic dims: not checked (fx capture: torch.fx specialises no input size)" in text
+
+
+def test_inspect_export_without_guard_says_nothing_is_checked() -> None:
+    """An export capture that fixed nothing and proved no range has no guard: inspect says nothing is checked."""
+    mg = ForgeGraph(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()), torch.randn(2, 3), frontend="export")
+    assert mg(torch.randn(5, 7)).shape == (5, 7)  # other sizes run
+    assert "dynamic dims: not checked (no shape guard in this graph" in summary(ensure_metadata(mg), "relu", 0)
