@@ -6,9 +6,11 @@ argument written, ``out=``, ``inplace=True``, a module built with ``inplace``) m
 that may share storage with a stored tensor. That is decided by what each node can reach, not by its
 name: a ``get_attr`` node holds a stored tensor, and an op's result may alias its inputs unless the op
 provably allocates (an ATen kernel whose schema returns no alias and that is not a composite which may
-hand back its input). Everything else -- views, ``getattr(w, "data")``, ``getitem``, module calls,
-unknown functions -- is assumed to alias. Module values (a ``get_attr`` of a submodule) are refused
-outright: a graph calls modules, it never holds them (``.half()`` on one casts its weights).
+hand back its input, or one of the few composites known to compute a new tensor on every path, such as
+``matmul``: Falcon adds its residual in place into ``x @ weight.T``). Everything else -- views,
+``getattr(w, "data")``, ``getitem``, module calls, unknown functions -- is assumed to alias. Module
+values (a ``get_attr`` of a submodule) are refused outright: a graph calls modules, it never holds them
+(``.half()`` on one casts its weights).
 """
 
 from __future__ import annotations
@@ -50,12 +52,28 @@ def _overloads(op: _Op) -> list[torch._ops.OpOverload]:
     return [getattr(op, o) for o in op.overloads()]
 
 
+# Composite (CompositeImplicitAutograd) ATen ops whose every path ends in a kernel computing a new tensor, so
+# their result never shares storage with an argument although the composite rule would assume it may:
+_FRESH_COMPOSITES: dict[str, str] = {
+    "aten::matmul": "dot / mv / mm / bmm of its (reshaped) operands; the product, reshaped or transposed, is returned",
+    "aten::linear": "addmm, or matmul followed by an in-place add of the bias into that fresh product",
+}
+
+
+def fresh_composites() -> frozenset[str]:
+    """Names of the composite ATen ops whose result is always fresh storage (tests check each one allocates)."""
+    return frozenset(_FRESH_COMPOSITES)
+
+
 def _may_alias_op(op: _Op) -> bool:
     """Whether an ATen op's result may share storage with an argument: its schema says so, or it is a
-    composite (CompositeImplicitAutograd kernels such as ``dropout`` or ``type_as`` may return the input)."""
+    composite (CompositeImplicitAutograd kernels such as ``dropout`` or ``type_as`` may return their input
+    although their schemas declare no alias) not known to allocate (``matmul``: _FRESH_COMPOSITES)."""
     for overload in _overloads(op):
         if any(r.alias_info is not None and not r.alias_info.is_write for r in overload._schema.returns):
             return True  # a view (an ``out=`` / in-place overload returns the argument it writes: see _written)
+        if overload._schema.name in _FRESH_COMPOSITES:
+            continue
         try:
             if torch._C._dispatch_has_kernel_for_dispatch_key(overload.name(), "CompositeImplicitAutograd"):
                 return True
