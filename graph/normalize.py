@@ -10,6 +10,8 @@
   training=False) becomes an ``nn.Dropout`` call_module and SDPA with a baked dropout
   probability becomes :class:`ScaledDotProductAttention` (as do their capture-time stand-ins,
   graph/dropout_tracing): captured in train mode, they would otherwise stay on in eval mode.
+* A called module whose class is a constructor-only subclass of a torch.nn checkpoint class is held as that
+  base (graph/nn_base), so its checkpoint exports.
 * torch.export's ``_guards_fn`` (generated Python) and ``_assert_tensor_metadata`` are dropped; capture
   puts the shape guards back as data (graph/guards). The pytree codegen (HF output structure) is kept.
 """
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 
 from .dropout_tracing import bind_sdpa, stand_in_kind
 from .modules import ScaledDotProductAttention
+from .nn_base import hold_as_nn_base
 from .normalize_hf import conv1d_linear, inline_regions
 
 aten = torch.ops.aten
@@ -331,6 +334,7 @@ def normalize(gm: fx.GraphModule, model: nn.Module, notes: list[str] | None = No
         elif node.op == "call_function":
             _lift_activation(gm, model, node, sizes, kept)
     _drop_lifted_bn_counters(gm)
+    held = hold_as_nn_base(gm, model)  # constructor-only subclasses (EfficientNet's depthwise conv)
     if hasattr(gm, "_guards_fn"):
         delattr(gm, "_guards_fn")
     for node in list(graph.nodes):
@@ -348,4 +352,5 @@ def normalize(gm: fx.GraphModule, model: nn.Module, notes: list[str] | None = No
             notes.append(f"HF Conv1D layers became nn.Linear call_modules (weight = the transposed view of the HF "
                          f"[in, out] weight, same storage): {conv1d[:3]}{' ...' if len(conv1d) > 3 else ''}")
         notes.extend(kept.lines.values())
+        notes.extend(held)
     return out
