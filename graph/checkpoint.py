@@ -40,6 +40,7 @@ from .metadata import dtype_name, get_meta, has_meta
 from .reference_outputs import outputs_of
 from .stored_writes import StoredReach
 from .targets import CheckpointError, is_identifier
+from .tensor_layout import dim_order, to_stored
 from .treespec import encode_spec
 
 if TYPE_CHECKING:
@@ -66,7 +67,10 @@ def _collect_state(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.
         if id(t) in seen:
             entries[-1]["alias_of"] = seen[id(t)]
         else:
-            seen[id(t)], stored[name] = name, t
+            order = dim_order(t)  # a permuted view is stored in memory order and loaded as the same view
+            if order is not None:
+                entries[-1]["dim_order"] = order
+            seen[id(t)], stored[name] = name, to_stored(t, order)
 
     def visit(mod: nn.Module, path: str, owned: bool) -> None:
         seen[id(mod)] = path

@@ -28,6 +28,7 @@ from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import NodeMeta, set_meta
 from .stored_writes import StoredReach
 from .targets import CheckpointError, is_identifier
+from .tensor_layout import from_stored
 from .treespec import decode_spec, translate_v1_spec
 
 if TYPE_CHECKING:
@@ -126,7 +127,8 @@ def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, 
             raise CheckpointError(f"tensor {name!r} is an alias of unknown tensor {alias!r}")
         if alias is None and name not in weights:
             raise CheckpointError(f"{wpath}: tensor {name!r} is missing")
-        value = made[alias] if alias is not None else weights[name]
+        value = made[alias] if alias is not None else \
+            from_stored(weights[name], e.get("dim_order"), e.get("shape"), f"{wpath}: tensor {name!r}")
         declared = getattr(owner, attr, None) if attr in (*owner._parameters, *owner._buffers) else None
         if id(owner) in configured:
             if not isinstance(declared, torch.Tensor):
