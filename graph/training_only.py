@@ -25,9 +25,11 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-__all__ = ["is_random", "random_owners", "train_mode_capture", "TrainingCaptureError", "MAX_MODULES"]
+__all__ = ["is_random", "random_owners", "train_mode_capture", "TrainingCaptureError", "MAX_MODULES",
+           "MAX_ROUNDS"]
 
-MAX_MODULES = 6  # modules taken in eval semantics before falling back to an eval-mode capture
+MAX_MODULES = 6  # failing modules taken in eval semantics before falling back to an eval-mode capture
+MAX_ROUNDS = 3  # re-traces for random ops (each takes every module left with training-only ones)
 _TRAIN_ARGS = ("train", "training")
 T = TypeVar("T")
 
@@ -181,7 +183,8 @@ def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphMod
     taken = EvalSemantics()
     first: BaseException | None = None
     eval_counts: Counter[str] | None = None
-    for _ in range(MAX_MODULES + 1):
+    failed = rounds = 0
+    for _ in range(MAX_MODULES + MAX_ROUNDS + 1):
         try:
             with _own_flags_off(model, list(taken.causes)):
                 gm, extra = attempt()
@@ -190,8 +193,9 @@ def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphMod
                 raise
             first = first or exc
             path, where = site(exc)
-            if path is None or path in taken.causes or len(taken.causes) >= MAX_MODULES:
+            if path is None or path in taken.causes or failed >= MAX_MODULES:
                 break
+            failed += 1
             taken.causes[path] = f"its training branch could not be traced ({_short(exc)}{where})"
             continue
         counts = random_owners(gm)
@@ -209,8 +213,9 @@ def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphMod
         if not excess:
             return gm, extra, taken
         new = [o for o in excess if o not in taken.causes]
-        if not new or not all(_resolves(model, o) for o in new) or len(taken.causes) + len(new) > MAX_MODULES:
+        if not new or not all(_resolves(model, o) for o in new) or rounds >= MAX_ROUNDS:
             break
+        rounds += 1
         for owner in new:
             taken.causes[owner] = f"random ops only in train mode ({_random_ops(gm, owner)})"
     taken.whole_model = True

@@ -115,9 +115,9 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    def __init__(self, p: float = 0.5, noise: float = 0.0) -> None:
+    def __init__(self, p: float = 0.5, noise: float = 0.0, depth: int = 2) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(Block(p), Block(p))
+        self.blocks = nn.Sequential(*[Block(p) for _ in range(depth)])
         self.head = nn.Linear(8, 2)
         self.noise = noise
 
@@ -150,6 +150,17 @@ def test_drop_path_plain_torch(frontend: str, tmp_path: Path) -> None:
     out = mg(x)
     torch.manual_seed(1)
     assert torch.equal(out, model(x)) and not torch.equal(out, mg.eval()(x))
+
+
+def test_many_drop_path_modules_are_each_taken_in_eval_semantics() -> None:
+    """A deep model (BEiT-base has 12 DropPaths) is not pushed to the whole-model eval fallback."""
+    torch.manual_seed(0)
+    model = Net(depth=10).eval()
+    mg = ForgeGraph(model, torch.randn(3, 8), frontend="fx").eval()
+    guard = getattr(mg.model, GUARD_MODULE)
+    assert guard.modules_in_eval == [f"blocks.{i}.drop_path" for i in range(10)]
+    x = torch.randn(5, 8)
+    assert torch.equal(mg(x), model(x))
 
 
 @pytest.mark.parametrize("training", [True, False])
