@@ -1,8 +1,9 @@
 """Tiny random models of many transformers architectures (from its auto mappings) and their inputs at two shapes.
 
 Each model is built offline from a small config (hidden 32, 2 layers, vocabulary 99) with its training-only
-defaults as transformers ships them (drop_path_rate, layerdrop, SpecAugment masking), so a capture that bakes
-a training branch into the eval graph, or cannot trace it, shows up here. ``ARCHS`` maps an architecture's
+defaults as transformers ships them (drop_path_rate, layerdrop, SpecAugment masking; drop_path_rate is raised to
+0.1 where it defaults to 0: DINOv2, ConvNeXt, PoolFormer), so a capture that bakes a training branch into the eval
+graph, or cannot trace it, shows up here. ``ARCHS`` maps an architecture's
 name to how it is built and fed; ``REPRESENTATIVE`` are the ones ``make test`` runs (one of each kind).
 """
 
@@ -175,7 +176,7 @@ ARCHS["whisper"] = Arch(**{**ARCHS["whisper"].__dict__, "side": 64, "extra": {"m
 
 # One of each kind: what `make test` runs (the rest are marked `reach`, run by `make test-reach`).
 REPRESENTATIVE = ("bert", "llama", "mixtral", "t5", "vit", "beit", "resnet", "mobilenet_v2", "wav2vec2",
-                  "siglip_vision", "funnel", "gpt2")
+                  "siglip_vision", "convnext", "gpt2")
 
 CAPTURE_SHAPE = (2, 16)  # (batch, length) for text; images capture at batch 2, side 32
 # Two (batch, length) shapes other than the capture's; the last row of every batch is padded.
@@ -215,11 +216,16 @@ def inputs(name: str, batch: int, size: int, seed: int = 1) -> dict[str, torch.T
     return out
 
 
-def capture_inputs(name: str) -> dict[str, torch.Tensor]:
-    """The example inputs a capture (and raw torch.export) traces with."""
+def at_capture_size(name: str, batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Inputs of ``batch`` samples at the capture's length / image side / audio length."""
     kind = ARCHS[name].kind
     size = {"audio": 640, "image": 32, "image_fixed": 32}.get(kind, CAPTURE_SHAPE[1])
-    return inputs(name, CAPTURE_SHAPE[0], size, seed=0)
+    return inputs(name, batch, size, seed=seed)
+
+
+def capture_inputs(name: str) -> dict[str, torch.Tensor]:
+    """The example inputs a capture (and raw torch.export) traces with."""
+    return at_capture_size(name, CAPTURE_SHAPE[0])
 
 
 def check_inputs(name: str) -> list[dict[str, torch.Tensor]]:
