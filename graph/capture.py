@@ -1,8 +1,10 @@
 """Capture frontends: torch.fx symbolic tracing and torch.export, behind one entry point.
 
 Both produce the same IR (graph/normalize): parametrized layers as call_module nodes on real
-submodules named by their original paths, other ops as function/method nodes. A model that cannot be
-captured gets a :class:`CaptureError` naming the module and source line that failed and what to try.
+submodules named by their original paths, other ops as function/method nodes. Tracing runs in train mode
+(dropout stays switchable); training-only behaviour no switch restores is captured in eval semantics with
+train mode refused (graph/training_only, graph/training_guard). A model that cannot be captured gets a
+:class:`CaptureError` naming the module and source line that failed and what to try.
 """
 
 from __future__ import annotations
