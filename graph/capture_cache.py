@@ -8,7 +8,8 @@ capture settings and torch's global grad mode and default dtype. A value the key
 exactly (a lambda, a bound method patched onto an instance, a hook) disables the cache for that capture
 -- a miss is slow, a wrong hit would be a wrong graph. The cached template holds no reference to the
 model it came from: a hit binds the graph's call_module / get_attr targets to the new model's own modules
-and tensors at the same paths (constants and modules normalisation created are copied per hit).
+and tensors at the same paths (constants and modules normalisation created are copied per hit; a module
+held as its torch.nn base, graph/nn_base, is held afresh from the new model's).
 
 What the key cannot see: module-level globals read by a forward, and a class whose code changed in
 place (a reloaded module with the same class object). ``capture(..., cache=False)`` skips the cache.
@@ -31,6 +32,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from .inputs import ExampleInputs
+from .nn_base import as_nn_base, is_held_copy
 from .normalize_hf import is_hf_conv1d, linear_from_conv1d
 from .treespec import copy_codegen
 
@@ -191,6 +193,8 @@ def _binding(gm: fx.GraphModule, model: nn.Module, node: fx.Node, storages: set[
     if isinstance(obj, nn.Linear) and isinstance(conv_weight, torch.Tensor) and \
             obj.weight.data_ptr() == conv_weight.data_ptr():
         return (target, "conv1d", target)
+    if is_held_copy(obj, original):
+        return (target, "nn_base", target)
     tensors = list(obj.parameters()) + list(obj.buffers()) if isinstance(obj, nn.Module) else [obj]
     if not all(isinstance(t, torch.Tensor) for t in tensors) or \
             any(t.untyped_storage().data_ptr() in storages for t in tensors):
@@ -243,6 +247,8 @@ def lookup(key: Hashable, model: nn.Module) -> tuple[fx.GraphModule, str, tuple[
             root[target] = _attr(model, payload)
         elif kind == "conv1d":
             root[target] = linear_from_conv1d(model.get_submodule(payload))
+        elif kind == "nn_base":
+            root[target] = as_nn_base(model.get_submodule(payload))
         else:
             root[target] = copy.deepcopy(payload)
         if root[target] is None:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import torch.fx as fx
 import torch.nn as nn
 
 from .targets import CheckpointError, module_spec_for
 
-__all__ = ["hold_as_nn_base"]
+__all__ = ["as_nn_base", "hold_as_nn_base", "is_held_copy"]
 
 # What a class body holds without defining behaviour: the constructor (it already ran) and Python's own
 # bookkeeping (3.13 adds __firstlineno__ / __static_attributes__, 3.14 the lazy-annotation names).
@@ -49,7 +50,7 @@ def _shadows_base(module: nn.Module, base: type) -> bool:
                for a in (inspect.getattr_static(base, k, None) for k in vars(module)) if a is not None)
 
 
-def _as_base(module: nn.Module) -> nn.Module | None:
+def as_nn_base(module: nn.Module) -> nn.Module | None:
     """A copy of ``module`` whose class is its registered torch.nn base, or None when it must keep its class."""
     cls = type(module)
     base = _nn_base(cls)
@@ -62,6 +63,17 @@ def _as_base(module: nn.Module) -> nn.Module | None:
     except CheckpointError:
         return None
     return held
+
+
+def is_held_copy(held: Any, module: Any) -> bool:
+    """Whether ``held`` is ``module`` held as its torch.nn base (the capture cache rebinds such copies); the
+    mode (``training``) may differ."""
+    if not isinstance(held, nn.Module) or not isinstance(module, nn.Module) or _nn_base(type(module)) is not type(held):
+        return False
+    mine, theirs = vars(held), vars(module)
+    return mine.keys() == theirs.keys() and all(
+        v.keys() == theirs[k].keys() and all(x is theirs[k][n] for n, x in v.items()) if isinstance(v, dict)
+        else v == theirs[k] if isinstance(v, set) else v is theirs[k] for k, v in mine.items() if k != "training")
 
 
 def _call_targets(gm: fx.GraphModule) -> Iterator[str]:
@@ -89,7 +101,7 @@ def hold_as_nn_base(gm: fx.GraphModule, model: nn.Module) -> list[str]:
         parent = gm.get_submodule(parent_path)
         if parent is not gm and id(parent) in originals:
             continue  # the parent is the model's own module: setting the child would change the model
-        copy_ = done.get(id(module)) or _as_base(module)
+        copy_ = done.get(id(module)) or as_nn_base(module)
         if copy_ is None:
             continue
         done[id(module)] = copy_

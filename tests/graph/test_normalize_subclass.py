@@ -160,3 +160,20 @@ def test_a_subclass_with_its_own_forward_is_not_retyped(tmp_path: Path, frontend
         with torch.no_grad():
             assert torch.equal(back(x), model(x))
     assert type(model.conv) is OwnForward
+
+
+def test_a_capture_cache_hit_holds_the_new_models_module_as_its_base() -> None:
+    from fxforge.graph.capture import CACHE_HIT_NOTE
+    from fxforge.graph.capture_cache import clear_capture_cache
+
+    clear_capture_cache()
+    first, _ = _capture(InitOnly, "export")
+    torch.manual_seed(1)
+    second = Net(InitOnly).eval()
+    mg = ForgeGraph(second, example_inputs=(torch.randn(2, 4, 8, 8),), frontend="export", share_weights=True)
+    assert CACHE_HIT_NOTE in mg.capture_notes
+    held = mg.model.get_submodule("conv")
+    assert type(held) is nn.Conv2d and type(second.conv) is InitOnly and held.weight is second.conv.weight
+    x = torch.randn(1, 4, 6, 6)
+    with torch.no_grad():
+        assert torch.equal(mg(x), second(x)) and not torch.equal(mg(x), first(x))
