@@ -41,7 +41,7 @@ def _nn_base(cls: type[nn.Module]) -> type[nn.Module] | None:
         return None  # a class outside the base's own order sits above it (a mixin after the subclass)
     if any(type(c) is not type or set(vars(c)) - _INERT for c in mro[:index]):
         return None
-    return base  # type: ignore[no-any-return]
+    return base
 
 
 def _shadows_base(module: nn.Module, base: type) -> bool:
