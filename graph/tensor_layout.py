@@ -24,7 +24,8 @@ def dim_order(t: torch.Tensor) -> list[int] | None:
     (overlapping or gapped strides, stored as a contiguous copy)."""
     if t.is_contiguous():
         return None
-    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    strides = t.stride()
+    order = sorted(range(t.dim()), key=lambda d: -strides[d])
     return order if t.permute(order).is_contiguous() else None
 
 
