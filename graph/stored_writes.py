@@ -7,7 +7,8 @@ that may share storage with a stored tensor. That is decided by what each node c
 name: a ``get_attr`` node holds a stored tensor, and an op's result may alias its inputs unless the op
 provably allocates (an ATen kernel whose schema returns no alias and that is not a composite which may
 hand back its input, or one of the few composites known to compute a new tensor on every path, such as
-``matmul``: Falcon adds its residual in place into ``x @ weight.T``). Everything else -- views,
+``matmul``: Falcon adds its residual in place into ``x @ weight.T``; ``einsum`` only with two or more
+operands, since one operand may come back as a view of itself). Everything else -- views,
 ``getattr(w, "data")``, ``getitem``, module calls, unknown functions -- is assumed to alias. Module
 values (a ``get_attr`` of a submodule) are refused outright: a graph calls modules, it never holds them
 (``.half()`` on one casts its weights).
@@ -57,6 +58,32 @@ def _overloads(op: _Op) -> list[torch._ops.OpOverload]:
 _FRESH_COMPOSITES: dict[str, str] = {
     "aten::matmul": "dot / mv / mm / bmm of its (reshaped) operands; the product, reshaped or transposed, is returned",
     "aten::linear": "addmm, or matmul followed by an in-place add of the bias into that fresh product",
+    # ATen's einsum (native/Linear.cpp) contracts operands pairwise while two or more are left; each step is
+    # sumproduct_pair: mul when no dimension is summed, else bmm of the permuted operands. The result is that
+    # product or a view of it. With one operand there is no pair: it returns the operand permuted, a diagonal
+    # of it, or a sum ("ij->ji", "ii->i" are views), hence the condition in _FRESH_WHEN.
+    "aten::einsum": "with two or more operands: mul or bmm of each pair, the last product (or a view of it) returned",
+}
+
+
+def _einsum_operand_count(node: fx.Node) -> int:
+    """How many operands an einsum node passes (0 when the form is not one this can count: the sublist form,
+    or operands arriving as one list-valued node, which may hold a single tensor)."""
+    args, kwargs = node.args, node.kwargs
+    if isinstance(node.target, _Op):  # aten::einsum(str equation, Tensor[] tensors, *, int[]? path)
+        tensors = args[1] if len(args) > 1 else kwargs.get("tensors")
+        return len(tensors) if isinstance(tensors, list | tuple) else 0
+    if not args or not isinstance(args[0], str):  # torch.einsum(equation, *operands)
+        return 0
+    rest = args[1:]
+    if len(rest) == 1 and isinstance(rest[0], list | tuple):
+        rest = rest[0]
+    return len(rest)
+
+
+# Fresh composites whose result is fresh only for some arguments: the condition on the node.
+_FRESH_WHEN: dict[str, Callable[[fx.Node], bool]] = {
+    "aten::einsum": lambda node: _einsum_operand_count(node) >= 2,
 }
 
 
@@ -173,8 +200,10 @@ class StoredReach:
         target = node.target
         if node.op == "call_module":
             return True
-        if isinstance(target, _Op):
-            return _may_alias_op(target)
-        name = str(target) if node.op == "call_method" else canonical_function_name(target)
-        packet = _packet(name)
-        return packet is None or _may_alias_op(packet)
+        op: _Op | None = target if isinstance(target, _Op) else _packet(
+            str(target) if node.op == "call_method" else canonical_function_name(target))
+        if op is None:
+            return True
+        condition = _FRESH_WHEN.get(op._schema.name if isinstance(op, torch._ops.OpOverload)
+                                    else op._qualified_op_name)
+        return (condition is not None and not condition(node)) or _may_alias_op(op)

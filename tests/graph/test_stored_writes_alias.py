@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn as nn
-from reach.tiny_archs import build, capture_inputs, check_inputs
+from reach.tiny_archs import at_capture_size, build, capture_inputs, check_inputs
 
 from fxforge import ForgeGraph
 from fxforge.graph.stored_writes import fresh_composites
@@ -30,6 +31,23 @@ def test_falcon_checkpoint_round_trips_exactly(tmp_path: Path) -> None:
             got, want = back(**x).logits, model(**x).logits
         assert got.shape == (*x["input_ids"].shape, 99)
         assert torch.equal(got, want), {k: tuple(v.shape) for k, v in x.items()}
+
+
+def test_funnel_checkpoint_round_trips_exactly(tmp_path: Path) -> None:
+    """Funnel (default separate_cls) scales ``einsum(q + v, r_head)`` in place by its cls mask, where ``r_head``
+    is an einsum of the ``r_kernel`` weight: a two-operand einsum is a fresh product, not the weight. Funnel's
+    length is static (its positions are a Python list), so the two shapes differ in batch only."""
+    model = build("funnel")
+    assert model.config.separate_cls
+    mg = ForgeGraph(model, example_inputs=capture_inputs("funnel"))
+    back = ForgeGraph.from_checkpoint(mg.eval().export(tmp_path / "funnel")).eval()
+    for batch in (3, 1):
+        x = at_capture_size("funnel", batch, seed=batch)
+        assert (x["attention_mask"] == 0).any()  # a padded row
+        with torch.no_grad():
+            got, want = back(**x).logits, model(**x).logits
+        assert got.shape == (batch, 2)
+        assert torch.equal(got, want), batch
 
 
 class _Writes(nn.Module):
@@ -52,6 +70,10 @@ FRESH: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "torch_matmul": lambda x, w: torch.matmul(x, w),
     "linear": lambda x, w: torch.nn.functional.linear(x, w),
     "mul": lambda x, w: w * 2,
+    "einsum_matmul": lambda x, w: torch.einsum("ij,jk->ik", x, w),
+    "einsum_mul": lambda x, w: torch.einsum("ij,ij->ij", w, w),
+    "einsum_scalar": lambda x, w: torch.einsum("ij,->ji", w, x.sum()),
+    "einsum_list": lambda x, w: torch.einsum("ij,kj->ikj", [w, x]),
 }
 ALIASING: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "view": lambda x, w: w.view(-1),
@@ -67,6 +89,9 @@ ALIASING: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "type_as": lambda x, w: w.type_as(x),
     "eval_dropout": lambda x, w: torch.nn.functional.dropout(w, 0.5, training=False),
     "in_place_returns_self": lambda x, w: w.detach().mul_(1),
+    "einsum_one_transpose": lambda x, w: torch.einsum("ij->ji", w),
+    "einsum_one_diagonal": lambda x, w: torch.einsum("ii->i", w),
+    "einsum_one_in_a_list": lambda x, w: torch.einsum("ij->ij", [w]),
 }
 
 
@@ -103,13 +128,44 @@ def test_in_place_on_what_may_alias_a_weight_is_refused(tmp_path: Path, frontend
         _export(ALIASING[kind], frontend, tmp_path / "ckpt")
 
 
-def _operands(name: str) -> list[tuple[torch.Tensor, ...]]:
+# einsum equations with two or more operands over the branches of ATen's einsum: mul (nothing summed) or bmm,
+# broadcasting size-1 and 0-d operands, outer products, a diagonal of one operand, ellipses, implicit output,
+# empty operands, everything summed, the same tensor twice, three operands with and without a path.
+EINSUM: list[tuple[str, tuple[tuple[int, ...], ...]]] = [
+    ("ij,jk->ik", ((3, 4), (4, 5))), ("i,i->i", ((4,), (4,))), ("i,->i", ((4,), ())), (",->", ((), ())),
+    ("ij,ij->ij", ((3, 4), (3, 4))), ("ij,ij->ji", ((3, 4), (3, 4))), ("ij,ij->ij", ((3, 4), (1, 1))),
+    ("ij,ij->ij", ((1, 1), (1, 1))), ("i,j->ij", ((3,), (4,))), ("ij,kj->ikj", ((3, 4), (5, 4))),
+    ("ij,j->i", ((3, 4), (4,))), ("ij,k->ij", ((3, 4), (1,))), ("ij,k->ij", ((3, 4), (5,))),
+    ("ij,ij->", ((3, 4), (3, 4))), ("i,i->", ((1,), (1,))), ("ii,i->i", ((3, 3), (3,))),
+    ("...i,...i->...i", ((2, 3), (1, 3))), ("ij,jk", ((3, 4), (4, 5))), ("ij,ij->ij", ((0, 4), (0, 4))),
+    ("binh,tnh->bnit", ((2, 5, 4, 8), (5, 4, 8))), ("bind,bjnd->bnij", ((2, 5, 4, 8), (2, 6, 4, 8))),
+    ("ij,jk,kl->il", ((3, 4), (4, 5), (5, 2))), ("i,i,i->i", ((4,), (4,), (4,))), ("i,,->i", ((4,), (), ())),
+]
+
+
+def _einsum_operands() -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    for equation, shapes in EINSUM:
+        tensors = [torch.randn(s) for s in shapes]
+        out.append((equation, tensors))
+        if tensors[0].dim() == 2:  # a transposed (non-contiguous) first operand
+            out.append((equation, [torch.randn(tensors[0].shape[::-1]).mT, *tensors[1:]]))
+        if len(shapes) == 2 and shapes[0] == shapes[1]:  # the same tensor twice
+            out.append((equation, [tensors[0], tensors[0]]))
+        if len(shapes) == 3:
+            out.append((equation, tensors, [1, 2, 0, 1]))  # an explicit contraction path
+    return out
+
+
+def _operands(name: str) -> list[tuple[Any, ...]]:
     """Operands over every rank combination the composite's kernel branches on (1-D to 4-D, broadcasting
     batches, empty, contiguous or transposed second operand; linear with and without a bias)."""
     shapes = [((4,), (4,)), ((3, 4), (4,)), ((4,), (4, 5)), ((3, 4), (4, 5)), ((2, 3, 4), (4, 5)),
               ((2, 3, 4), (2, 4, 5)), ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (2, 4, 5)),
               ((2, 3, 4), (4,)), ((1, 4), (4, 1)), ((0, 4), (4, 5))]
-    out: list[tuple[torch.Tensor, ...]] = []
+    if name == "aten::einsum":
+        return _einsum_operands()
+    out: list[tuple[Any, ...]] = []
     for a_shape, b_shape in shapes:
         a = torch.randn(a_shape)
         seconds = [torch.randn(b_shape)] + ([torch.randn(b_shape[::-1]).mT] if len(b_shape) > 1 else [])
@@ -128,13 +184,14 @@ def test_every_fresh_composite_allocates(name: str) -> None:
     ran = 0
     for args in _operands(name):
         try:
-            out = op(*args)
+            out = op(*args[:2], path=args[2]) if name == "aten::einsum" and len(args) > 2 else op(*args)
         except RuntimeError:  # shapes this op refuses
             continue
         ran += 1
-        before = [t.clone() for t in args]
-        assert out.untyped_storage().data_ptr() not in {t.untyped_storage().data_ptr() for t in args if t.numel()}, \
-            (name, [tuple(t.shape) for t in args])
+        tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
+        before = [t.clone() for t in tensors]
+        stored = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+        assert out.untyped_storage().data_ptr() not in stored, (name, args[0], [tuple(t.shape) for t in tensors])
         out.add_(1)
-        assert all(torch.equal(t, b) for t, b in zip(args, before, strict=True))
+        assert all(torch.equal(t, b) for t, b in zip(tensors, before, strict=True))
     assert ran >= 10
