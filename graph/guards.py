@@ -22,12 +22,14 @@ import torch
 import torch.fx as fx
 
 from . import targets
+from .guard_expr import dims_in, evaluate, parse_guard, render, validate
 from .static_dims import specialisation_reasons
 
 __all__ = ["ShapeGuardError", "check_input_shapes", "guard_spec", "insert_guard", "GUARD_NODE"]
 
 GUARD_NODE = "fxforge_shape_guard"
 _ALIAS_OPS = {"slice", "alias", "detach", "clone", "contiguous"}
+_SIZE_REF = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
 _GUARD = re.compile(r"^L\['(\w+)'\]\.size\(\)\[(\d+)\] (==|<=|>=|<|>) (?:(-?\d+)|L\['(\w+)'\]\.size\(\)\[(\d+)\])$")
 
 
@@ -46,8 +48,16 @@ def _fail(names: Sequence[str], index: int, dim: int, actual: int, allowed: str,
 def check_input_shapes(*inputs: Any, names: Sequence[str], checks: Sequence[Sequence[Any]]) -> None:
     """Raise ShapeGuardError unless every check holds. A check is ``(input, dim, kind, value, why)``:
     kind ``rank`` (value: ndim), ``eq`` (value: size), ``range`` (value: (lo, hi or None)), ``same``
-    (value: (other input, other dim))."""
+    (value: (other input, other dim)), ``expr`` (value: a graph/guard_expr tree over the input sizes that must
+    hold; index and dim name the first size it reads)."""
     for index, dim, kind, value, why in checks:
+        if kind == "expr":
+            validate(value, len(inputs))
+            shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs]
+            if not evaluate(value, shapes):
+                _fail(names, index, dim, shapes[index][dim] if shapes[index] else -1,  # type: ignore[index]
+                      f"shapes where {render(value, names)}", why)
+            continue
         x = inputs[index]
         if not isinstance(x, torch.Tensor):
             continue
@@ -157,7 +167,7 @@ def guard_spec(gm: fx.GraphModule, range_constraints: dict[Any, Any], guards_cod
     for code in guards_code:
         m = _GUARD.match(code.strip())
         if m is None or m.group(1) not in index or (m.group(5) is not None and m.group(5) not in index):
-            notes.append(f"shape guard {code!r} from torch.export is not kept (not a simple size comparison)")
+            _keep_expression(code, placeholders, index, checks, notes)
             continue
         i, d, op = index[m.group(1)], int(m.group(2)), m.group(3)
         why = f"torch.export guard {code}"
@@ -178,6 +188,33 @@ def guard_spec(gm: fx.GraphModule, range_constraints: dict[Any, Any], guards_cod
         else:
             notes.append(f"shape guard {code!r} from torch.export is not kept (an inequality between inputs)")
     return names, checks, notes
+
+
+def _keep_expression(code: str, placeholders: list[fx.Node], index: dict[str, int], checks: list[tuple[Any, ...]],
+                     notes: list[str]) -> None:
+    """Keep a guard on arithmetic of sizes (``side // 32 == 1``) as an ``expr`` check; one outside
+    graph/guard_expr's grammar fixes every dimension it names to the example's size instead (refused
+    loudly rather than unchecked)."""
+    why = f"torch.export guard {code}"
+    tree = parse_guard(code, index)
+    if tree is not None and dims_in(tree):
+        i, d = dims_in(tree)[0]
+        checks.append((i, d, "expr", tree, why))
+        return
+    named = [(index[n], int(d)) for n, d in _SIZE_REF.findall(code) if n in index]
+    if not named:
+        notes.append(f"shape guard {code!r} from torch.export is not kept (it reads no input size)")
+        return
+    for i, d in dict.fromkeys(named):
+        val = placeholders[i].meta.get("val")
+        size = val.shape[d] if isinstance(val, torch.Tensor) and d < val.dim() else None
+        hint = getattr(getattr(size, "node", None), "hint", size)
+        if isinstance(hint, int) and not _implied(checks, i, d, "==", hint):
+            checks.append((i, d, "eq", hint, f"{why} could not be kept as a check, so this dimension is fixed to "
+                                              f"the example's {hint}"))
+    fixed = ", ".join(f"{placeholders[i].name} dim {d}" for i, d in dict.fromkeys(named))
+    notes.append(f"shape guard {code!r} from torch.export fixes {fixed} to the example's size (not expressible as "
+                 "a check)")
 
 
 def insert_guard(gm: fx.GraphModule, names: tuple[str, ...], checks: list[tuple[Any, ...]]) -> fx.Node | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -147,3 +148,121 @@ def test_checkpoint_from_before_the_reasons_still_loads_and_reports(funnel: tupl
         [("input_ids", 1, 16, old), ("attention_mask", 1, 16, old)]
     with pytest.raises(ShapeGuardError, match="exactly 16: capture specialised this dimension"):
         loaded(**bert_inputs(labels=False, seq=12))
+
+
+class _Branches(torch.nn.Module):
+    """Takes one of two paths by ``x.shape[-1] // 8 == 1``: torch.export guards that floor division."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] // 8 == 1:
+            return x * 2
+        return x - 1
+
+
+def test_a_floor_division_guard_refuses_the_other_branch(tmp_path: Path) -> None:
+    model = _Branches()
+    mg = ForgeGraph(model, torch.randn(2, 12)).eval()
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "branches"))
+    for graph in (mg, mg.copy(), loaded):
+        for side in (8, 12, 15):  # the captured branch: side // 8 == 1
+            x = torch.randn(3, side)
+            assert torch.equal(graph(x), model(x))
+        for side in (7, 16, 40):  # the other branch: refused, never a wrong answer
+            with pytest.raises(ShapeGuardError, match=rf"input 'x' dimension 1 is {side},.*x\.shape\[1\] // 8"):
+                graph(torch.randn(3, side))
+
+
+def test_efficientnet_never_answers_outside_what_export_proved(tmp_path: Path) -> None:
+    """torch.export guards EfficientNet's sides with floor divisions (``side // 32 == 1``...): a side it did not
+    prove either runs exactly like eager or is refused, on the graph and on its reloaded checkpoint."""
+    from reach.tiny_archs import build, capture_inputs
+
+    def inputs(side: int) -> dict[str, torch.Tensor]:  # tiny_archs.inputs keeps this fixed-kind model at 32
+        return {"pixel_values": torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(side))}
+
+    model = build("efficientnet")
+    mg = ForgeGraph(model, example_inputs=capture_inputs("efficientnet")).eval()
+    assert not [n for n in mg.capture_notes if "shape guard" in n], mg.capture_notes
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "efficientnet"))
+    for graph in (mg, loaded):
+        for side in (40, 63):
+            x = inputs(side)
+            with torch.no_grad():
+                assert torch.equal(graph(**x).logits, model(**x).logits), side
+        for side in (64, 72):
+            with pytest.raises(ShapeGuardError, match=rf"dimension \d is {side},.*// 32"):
+                graph(**inputs(side))
+
+
+def _branches_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    path = ForgeGraph(_Branches(), torch.randn(2, 12)).eval().export(tmp_path / "branches")
+    return path, json.loads((path / "graph.json").read_text())
+
+
+@pytest.mark.parametrize("tree", [
+    ["call", "__import__", ["int", 1]],  # a function by name
+    ["pow", ["int", 10], ["int", 100000]],  # an op outside the grammar
+    ["int", "1"],  # a non-integer leaf
+    ["dim", 5, 0],  # an input that does not exist
+    ["dim", 0, 9],  # a dimension the input does not have
+    ["cmp", "==", ["int", 1], ["int", 2], ["int", 3]],  # malformed arity
+], ids=["call", "pow", "str_leaf", "no_input", "no_dim", "arity"])
+def test_hostile_guard_expressions_are_refused(tmp_path: Path, tree: list[Any]) -> None:
+    """A checkpoint's guard expression is data read by a small interpreter: anything outside its grammar is
+    refused before the graph runs, never evaluated."""
+    path, doc = _branches_checkpoint(tmp_path)
+    text = json.dumps(doc)
+    assert text.count('"expr"') == 1
+    doc = json.loads(text)
+    _replace_expr(doc, tree)
+    (path / "graph.json").write_text(json.dumps(doc))
+    rehash_manifest(path)
+    with pytest.raises(ValueError, match="^shape guard"):
+        ForgeGraph.from_checkpoint(path)(torch.randn(3, 12))
+
+
+@pytest.mark.parametrize("shape", ["deep", "wide"])
+def test_an_oversized_guard_expression_is_refused(tmp_path: Path, shape: str) -> None:
+    """A deep tree is refused by the loader's nesting limit, a wide one by the guard's node budget."""
+    from fxforge.graph.targets import CheckpointError
+
+    path, doc = _branches_checkpoint(tmp_path)
+    tree: list[Any] = ["int", 1]
+    if shape == "deep":
+        for _ in range(40):
+            tree = ["mul", tree, ["int", 10**18]]
+    else:
+        tree = ["max", *[["mul", ["int", 10**18], ["int", 10**18]] for _ in range(1000)]]
+    _replace_expr(doc, ["cmp", "==", tree, ["int", 1]])
+    (path / "graph.json").write_text(json.dumps(doc))
+    rehash_manifest(path)
+    with pytest.raises((CheckpointError, ValueError), match="nested|nodes"):
+        ForgeGraph.from_checkpoint(path)(torch.randn(3, 12))
+
+
+def _replace_expr(doc: Any, tree: list[Any]) -> bool:
+    """Replace the value of the (one) ``expr`` check in a checkpoint's JSON, wherever it is nested."""
+    if isinstance(doc, dict):
+        return any(_replace_expr(v, tree) for v in doc.values())
+    if isinstance(doc, list):
+        if len(doc) == 5 and doc[2] == "expr":
+            doc[3] = tree
+            return True
+        return any(_replace_expr(v, tree) for v in doc)
+    return False
+
+
+def test_a_guard_outside_the_grammar_fixes_the_dims_it_names() -> None:
+    """A guard the checkpointable grammar cannot hold (here a power) is never dropped: the dimensions it
+    reads are fixed to the example's sizes, refused loudly, and the capture notes say so."""
+    from fxforge.graph.guards import check_input_shapes, guard_spec
+
+    ep = torch.export.export(_Branches(), (torch.randn(2, 12),), dynamic_shapes=({0: torch.export.Dim.AUTO,
+                                                                                  1: torch.export.Dim.AUTO},))
+    gm = ep.graph_module
+    names, checks, notes = guard_spec(gm, ep.range_constraints, ["L['x'].size()[1] ** 2 < 200"], True)
+    assert (0, 1, "eq", 12) in [c[:4] for c in checks]
+    assert any("fixes x dim 1 to the example's size" in n for n in notes)
+    check_input_shapes(torch.randn(5, 12), names=names, checks=checks)
+    with pytest.raises(ShapeGuardError, match=r"dimension 1 is 13, .*exactly 12: torch.export guard .*\*\* 2"):
+        check_input_shapes(torch.randn(5, 13), names=names, checks=checks)

@@ -1,0 +1,164 @@
+"""torch.export's shape guards on arithmetic of input sizes, kept as plain data a checkpoint can hold.
+
+torch.export records a guard for every branch the model's code took on a size: beyond ``size <= 64`` it
+writes floor divisions, remainders, products, ``max``/``min`` and (in)equalities of such expressions
+(EfficientNet: ``(side // 32) == 1``). Such a guard is parsed here -- never evaluated as Python -- into a
+small tree of lists (``["cmp", "==", ["floordiv", ["dim", 0, 3], ["int", 32]], ["int", 1]]``) that
+:func:`evaluate` interprets on the input shapes. Loading a checkpoint can hand it any data: anything outside
+this grammar, too deep or too large, or naming a missing input or dimension, raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["parse_guard", "evaluate", "render", "dims_in"]
+
+_BINARY: dict[type[ast.operator], str] = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv",
+                                          ast.Mod: "mod"}
+_COMPARE: dict[type[ast.cmpop], str] = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
+                                        ast.GtE: ">="}
+_ARITH: dict[str, Callable[[int, int], int]] = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+                                                "floordiv": operator.floordiv, "mod": operator.mod}
+_CMP: dict[str, Callable[[int, int], bool]] = {"==": operator.eq, "!=": operator.ne, "<": operator.lt,
+                                               "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
+MAX_DEPTH = 24  # EfficientNet's deepest guard is 5 levels
+MAX_NODES = 256
+MAX_INT = 2**62
+
+
+def parse_guard(code: str, inputs: dict[str, int]) -> list[Any] | None:
+    """The tree of a guard's Python text over ``L['name'].size()[d]`` of the named inputs, or None when the
+    text is outside the grammar (the caller then fixes the dimensions it names instead)."""
+    try:
+        tree = ast.parse(code.strip(), mode="eval").body
+        out = _from_ast(tree, inputs)
+        validate(out, len(inputs))
+        return out
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+
+def _from_ast(node: ast.expr, inputs: dict[str, int]) -> list[Any]:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return ["int", node.value]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return ["sub", ["int", 0], _from_ast(node.operand, inputs)]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return ["not", _from_ast(node.operand, inputs)]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return [_BINARY[type(node.op)], _from_ast(node.left, inputs), _from_ast(node.right, inputs)]
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+        return ["cmp", _COMPARE[type(node.ops[0])], _from_ast(node.left, inputs),
+                _from_ast(node.comparators[0], inputs)]
+    if isinstance(node, ast.BoolOp):
+        return ["and" if isinstance(node.op, ast.And) else "or", *[_from_ast(v, inputs) for v in node.values]]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("max", "min") \
+            and len(node.args) >= 2 and not node.keywords:
+        return [node.func.id, *[_from_ast(a, inputs) for a in node.args]]
+    dim = _size_ref(node, inputs)
+    if dim is None:
+        raise ValueError(f"not a size expression: {ast.dump(node)[:80]}")
+    return ["dim", *dim]
+
+
+def _size_ref(node: ast.expr, inputs: dict[str, int]) -> tuple[int, int] | None:
+    """(input index, dim) of ``L['name'].size()[d]``."""
+    if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+            and type(node.slice.value) is int and isinstance(node.value, ast.Call)
+            and not node.value.args and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr == "size" and isinstance(node.value.func.value, ast.Subscript)):
+        return None
+    source = node.value.func.value
+    if isinstance(source.value, ast.Name) and source.value.id == "L" and isinstance(source.slice, ast.Constant) \
+            and source.slice.value in inputs:
+        return inputs[source.slice.value], node.slice.value
+    return None
+
+
+def validate(tree: Any, n_inputs: int, depth: int = 0, budget: list[int] | None = None) -> None:
+    """ValueError unless ``tree`` is a well-formed guard over ``n_inputs`` inputs, within the size limits."""
+    budget = [MAX_NODES] if budget is None else budget
+    budget[0] -= 1
+    if depth > MAX_DEPTH or budget[0] < 0:
+        raise ValueError(f"shape guard expression deeper than {MAX_DEPTH} or over {MAX_NODES} nodes")
+    if not isinstance(tree, list | tuple) or not tree or not isinstance(tree[0], str):
+        raise ValueError(f"shape guard expression node {str(tree)[:60]!r} is not [op, ...]")
+    op, args = tree[0], tree[1:]
+    if op == "int":
+        if len(args) != 1 or type(args[0]) is not int or abs(args[0]) > MAX_INT:
+            raise ValueError(f"shape guard constant {str(args)[:60]} is not a small integer")
+    elif op == "dim":
+        if len(args) != 2 or any(type(a) is not int for a in args) or not 0 <= args[0] < n_inputs \
+                or not 0 <= args[1] < 64:
+            raise ValueError(f"shape guard names input/dimension {str(args)[:60]}, which the graph does not have")
+    elif op == "cmp":
+        if len(args) != 3 or args[0] not in _CMP:
+            raise ValueError(f"shape guard comparison {str(args)[:60]} is malformed")
+        validate(args[1], n_inputs, depth + 1, budget)
+        validate(args[2], n_inputs, depth + 1, budget)
+    elif op in _ARITH or op in ("max", "min", "and", "or", "not"):
+        arity_ok = len(args) == 2 if op in _ARITH else len(args) == 1 if op == "not" else len(args) >= 2
+        if not arity_ok:
+            raise ValueError(f"shape guard operation {op!r} has {len(args)} operands")
+        for a in args:
+            validate(a, n_inputs, depth + 1, budget)
+    else:
+        raise ValueError(f"shape guard operation {str(op)[:40]!r} is not allowed")
+
+
+def evaluate(tree: Sequence[Any], shapes: Sequence[Sequence[int] | None]) -> Any:
+    """The value of a validated tree at ``shapes`` (each input's shape; None for a non-tensor input)."""
+    op, args = tree[0], tree[1:]
+    if op == "int":
+        return args[0]
+    if op == "dim":
+        shape = shapes[args[0]]
+        if shape is None or args[1] >= len(shape):
+            raise ValueError(f"shape guard reads dimension {args[1]} of input {args[0]}, which it does not have")
+        return shape[args[1]]
+    if op == "cmp":
+        return _CMP[args[0]](evaluate(args[1], shapes), evaluate(args[2], shapes))
+    values = [evaluate(a, shapes) for a in args]
+    if op in _ARITH:
+        if op in ("floordiv", "mod") and values[1] == 0:
+            raise ValueError(f"shape guard divides by zero: {str(tree)[:80]}")
+        return _ARITH[op](values[0], values[1])
+    if op == "not":
+        return not values[0]
+    return {"max": max, "min": min, "and": all, "or": any}[op](values)
+
+
+def render(tree: Sequence[Any], names: Sequence[str]) -> str:
+    """The guard as readable text (``pixel_values.shape[2] // 32 == 1``) for error messages."""
+    op, args = tree[0], tree[1:]
+    if op == "int":
+        return str(args[0])
+    if op == "dim":
+        return f"{names[args[0]]}.shape[{args[1]}]"
+    if op == "cmp":
+        return f"{render(args[1], names)} {args[0]} {render(args[2], names)}"
+    if op in _SYMBOL:
+        return f"({render(args[0], names)} {_SYMBOL[op]} {render(args[1], names)})"
+    if op == "not":
+        return f"not {render(args[0], names)}"
+    if op in ("and", "or"):
+        return f" {op} ".join(f"({render(a, names)})" for a in args)
+    return f"{op}({', '.join(render(a, names) for a in args)})"
+
+
+def dims_in(tree: Sequence[Any]) -> list[tuple[int, int]]:
+    """The (input, dim) pairs a tree reads, in order of first appearance."""
+    if tree[0] == "int":
+        return []
+    if tree[0] == "dim":
+        return [(tree[1], tree[2])]
+    out: list[tuple[int, int]] = []
+    for a in tree[1:]:
+        if isinstance(a, list | tuple):
+            out += [d for d in dims_in(a) if d not in out]
+    return out
