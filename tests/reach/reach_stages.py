@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
-from tiny_archs import at_capture_size, build, capture_inputs, check_inputs
+from tiny_archs import CAPTURE_SHAPE, at_capture_size, build, capture_inputs, check_inputs
 
 from fxforge import ForgeGraph, passes
 from fxforge.graph.guards import ShapeGuardError
@@ -64,14 +64,15 @@ def _dynamic(example: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {k: {i: torch.export.Dim.AUTO for i in range(v.dim())} for k, v in example.items()}
 
 
-def raw_export(name: str) -> torch.export.ExportedProgram:
-    """Plain eval-mode torch.export of a fresh model, dynamic in every dimension as fxforge captures."""
-    model = build(name)
+def raw_export(name: str, train: bool = False) -> torch.export.ExportedProgram:
+    """Plain eval-mode (``train``: train-mode) torch.export of a fresh model, dynamic in every dimension as
+    fxforge captures."""
+    model = build(name).train(train)
     for config in {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}.values():
         if getattr(config, "use_cache", False):
             config.use_cache = False  # a KV cache is no tensor output (fxforge turns it off the same way)
     example = capture_inputs(name)
-    return torch.export.export(model.eval(), (), example, dynamic_shapes=_dynamic(example), strict=False)
+    return torch.export.export(model, (), example, dynamic_shapes=_dynamic(example), strict=False)
 
 
 def raw_equal(name: str, ep: torch.export.ExportedProgram) -> str:
@@ -124,7 +125,8 @@ class Run:
                     got = self.graph(**x)
             except ShapeGuardError as exc:
                 # A size raw torch.export fixes as well is torch.export's limit, not fxforge's: noted, and this
-                # batch is checked at the captured sizes instead; a size only fxforge fixes fails the stage.
+                # batch is checked at the captured sizes instead (the captured batch too if that is fixed as
+                # well); a size only fxforge fixes fails the stage.
                 raw = raw or raw_export(self.name).module()
                 try:
                     with torch.no_grad():
@@ -135,8 +137,13 @@ class Run:
                     raise AssertionError(f"raw torch.export runs {_shapes(x)}, the graph refuses it: "
                                          f"{first_line(exc)}") from exc
                 x = at_capture_size(self.name, len(next(iter(x.values()))), seed=7 + batch)
-                with torch.no_grad():
-                    got = self.graph(**x)
+                try:
+                    with torch.no_grad():
+                        got = self.graph(**x)
+                except ShapeGuardError:  # the batch size is fixed as well (raw export refused it above)
+                    x = at_capture_size(self.name, CAPTURE_SHAPE[0], seed=7 + batch)
+                    with torch.no_grad():
+                        got = self.graph(**x)
             with torch.no_grad():
                 want = self.model(**x)
             self.cases.append(x)
@@ -196,20 +203,26 @@ class Run:
     def train_check(self) -> str:
         """Train mode, same seeds, at the shapes `equal` checked (the capture's if it did not run): 'equal',
         'refused: <error>' (``train()`` or the train-mode forward refused training by name), 'forward failed:
-        <error>' or 'differs: <field and diff>' (train graph vs train eager)."""
+        <error>' or 'differs: <field and diff>' (train graph vs train eager). Inputs eager cannot train on are
+        skipped; where raw train-mode torch.export differs from eager the graph must equal it ('equal (as ...)')."""
         assert self.graph is not None
         g = self.graph.copy()
         try:
             g.train()
         except Exception as exc:  # noqa: BLE001 - a loud refusal is one of the accepted outcomes
             return f"refused: {first_line(exc)}"
+        raw: nn.Module | None = None
+        caveat = ""
         for x in self.cases or [capture_inputs(self.name)]:
             try:
                 seeded(0)
                 got = g(**x)
             except Exception as exc:  # noqa: BLE001 - a refusal to train is accepted, any other error is not
-                refusal = "Training" in type(exc).__name__ or "train mode" in str(exc)
-                return f"{'refused' if refusal else 'forward failed'}: {first_line(exc)}"
+                if "Training" in type(exc).__name__ or "train mode" in str(exc):
+                    return f"refused: {first_line(exc)}"
+                if self._eager_train_fails(x):
+                    continue  # these inputs cannot train eager either (BatchNorm over one value per channel)
+                return f"forward failed: {first_line(exc)}"
             self.model.train()
             try:
                 seeded(0)
@@ -219,8 +232,31 @@ class Run:
             try:
                 assert_same_outputs(got, want, f"train graph vs eager at {_shapes(x)}")
             except AssertionError as exc:
-                return f"differs: {first_line(exc)}"
-        return "equal"
+                # As in `equal`: where torch.export's own train-mode trace is not bit-exact with eager, the
+                # graph must equal that trace bit for bit (same seed).
+                try:
+                    raw = raw or raw_export(self.name, train=True).module()
+                except Exception:  # noqa: BLE001 - no train-mode raw export to compare with
+                    return f"differs: {first_line(exc)}"
+                seeded(0)
+                exported = raw(**x)
+                try:
+                    assert_same_outputs(got, exported, f"train graph vs raw train-mode export at {_shapes(x)}")
+                except AssertionError as raw_diff:
+                    return f"differs: {first_line(exc)}; {first_line(raw_diff)}"
+                caveat = f" (as raw train-mode torch.export, which differs from eager: {first_line(exc)})"
+        return "equal" + caveat
+
+    def _eager_train_fails(self, x: dict[str, torch.Tensor]) -> bool:
+        self.model.train()
+        try:
+            seeded(0)
+            self.model(**x)
+        except Exception:  # noqa: BLE001 - any eager failure: the inputs are not trainable
+            return True
+        finally:
+            self.model.eval()
+        return False
 
 
 def first_line(exc: BaseException) -> str:
