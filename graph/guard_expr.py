@@ -130,7 +130,11 @@ def evaluate(tree: Sequence[Any], shapes: Sequence[Sequence[int] | None]) -> Any
         return _ARITH[op](values[0], values[1])
     if op == "not":
         return not values[0]
-    return {"max": max, "min": min, "and": all, "or": any}[op](values)
+    if op == "and":
+        return all(values)
+    if op == "or":
+        return any(values)
+    return max(values) if op == "max" else min(values)
 
 
 def render(tree: Sequence[Any], names: Sequence[str]) -> str:

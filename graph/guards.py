@@ -55,7 +55,8 @@ def check_input_shapes(*inputs: Any, names: Sequence[str], checks: Sequence[Sequ
             validate(value, len(inputs))
             shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs]
             if not evaluate(value, shapes):
-                _fail(names, index, dim, shapes[index][dim] if shapes[index] else -1,  # type: ignore[index]
+                shape = shapes[index] if 0 <= index < len(shapes) else None
+                _fail(names, index, dim, shape[dim] if shape is not None and 0 <= dim < len(shape) else -1,
                       f"shapes where {render(value, names)}", why)
             continue
         x = inputs[index]

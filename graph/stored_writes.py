@@ -76,9 +76,7 @@ def _einsum_operand_count(node: fx.Node) -> int:
     if not args or not isinstance(args[0], str):  # torch.einsum(equation, *operands)
         return 0
     rest = args[1:]
-    if len(rest) == 1 and isinstance(rest[0], list | tuple):
-        rest = rest[0]
-    return len(rest)
+    return len(rest[0]) if len(rest) == 1 and isinstance(rest[0], list | tuple) else len(rest)
 
 
 # Fresh composites whose result is fresh only for some arguments: the condition on the node.
