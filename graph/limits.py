@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .guard_expr import MAX_DEPTH as MAX_GUARD_EXPR_DEPTH
 from .targets import CheckpointError
 
 __all__ = ["GraphSize", "check_graph_size"]
@@ -20,7 +21,10 @@ MAX_MANIFEST_BYTES = 2**20  # manifest.json (read before any hash can be checked
 MAX_JSON_DEPTH = 64  # bracket nesting of any JSON file, checked before parsing
 MAX_NODES = 50_000  # nodes of one graph
 MAX_EDGES = 200_000  # node references in all nodes' arguments (the graph's edges, repeats counted)
-MAX_ARG_DEPTH = 16  # JSON nesting of one node's arguments (lists, tuples, dicts, slices inside each other)
+# JSON nesting of one node's arguments (lists, tuples, dicts, slices inside each other). The deepest are shape
+# guards: an expression graph/guard_expr accepts (MAX_GUARD_EXPR_DEPTH + 1 lists) inside the guard node's kwargs
+# (dict, checks tuple, check tuple: 5 more), so a guard capture keeps always loads (LeViT's nest 20 deep).
+MAX_ARG_DEPTH = MAX_GUARD_EXPR_DEPTH + 8
 MAX_ARG_ELEMENTS = 1_000_000  # JSON values in all nodes' arguments together
 MAX_MODULES = 50_000  # entries of the module tree (and module aliases)
 MAX_TENSORS = 50_000  # parameters, buffers and constants (and their aliases)
