@@ -18,6 +18,7 @@ from tiny_archs import CAPTURE_SHAPE, at_capture_size, build, capture_inputs, ch
 
 from fxforge import ForgeGraph, passes
 from fxforge.graph.guards import ShapeGuardError
+from fxforge.graph.hf import cache_disabled
 
 STAGES = ("capture", "equal", "metadata", "quantize", "checkpoint")
 # The README's 8-bit linears: scaled integer weights per channel, asymmetric 8-bit activations (static: calibrated).
@@ -60,6 +61,14 @@ def assert_same_outputs(got: Any, want: Any, what: str) -> None:
             raise AssertionError(f"{what}: {k} differs from eager (max abs diff {diff:.3g}, shape {tuple(v.shape)})")
 
 
+def eager(model: nn.Module, x: dict[str, torch.Tensor]) -> Any:
+    """The eager reference: ``model(**x)`` with HF's KV cache off, the computation the graph holds (capture turns
+    the cache off). With it on, keys pass through DynamicCache.update's torch.cat and reach matmul contiguous
+    instead of as a permuted view, another BLAS path (GPT-2, GPT-Neo, BioGPT, T5: 1e-7 to 8e-6 apart)."""
+    with cache_disabled(model, []):
+        return model(**x)
+
+
 def _dynamic(example: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {k: {i: torch.export.Dim.AUTO for i in range(v.dim())} for k, v in example.items()}
 
@@ -81,7 +90,7 @@ def raw_equal(name: str, ep: torch.export.ExportedProgram) -> str:
     for x in check_inputs(name):
         try:
             with torch.no_grad():
-                assert_same_outputs(module(**x), model(**x), f"raw export vs eager at {_shapes(x)}")
+                assert_same_outputs(module(**x), eager(model, x), f"raw export vs eager at {_shapes(x)}")
         except Exception as exc:  # noqa: BLE001 - tabulated
             return first_line(exc)
     return "equal"
@@ -113,16 +122,16 @@ class Run:
         assert self.graph.frontend == "export", self.graph.capture_notes
 
     def equal(self) -> None:
-        """The eval graph equals eager bit for bit at both check shapes. Where raw torch.export's own module is
-        not bit-exact either (its ops round differently from eager's), the graph must equal that module exactly:
-        fxforge adds no error of its own (the eager difference is noted)."""
+        """The eval graph equals eager bit for bit at both check shapes, with grads off and on (a kernel may branch
+        on grad mode: CPU SDPA leaves its flash kernel when T5's learned position bias in the mask requires grad,
+        4.8e-7 apart, and the graph must take the same branch as eager)."""
         assert self.graph is not None
         self.graph.eval()
         raw: nn.Module | None = None
         for batch, x in enumerate(check_inputs(self.name)):
             try:
                 with torch.no_grad():
-                    got = self.graph(**x)
+                    self.graph(**x)
             except ShapeGuardError as exc:
                 # A size raw torch.export fixes as well is torch.export's limit, not fxforge's: noted, and this
                 # batch is checked at the captured sizes instead (the captured batch too if that is fixed as
@@ -139,27 +148,15 @@ class Run:
                 x = at_capture_size(self.name, len(next(iter(x.values()))), seed=7 + batch)
                 try:
                     with torch.no_grad():
-                        got = self.graph(**x)
+                        self.graph(**x)
                 except ShapeGuardError:  # the batch size is fixed as well (raw export refused it above)
                     x = at_capture_size(self.name, CAPTURE_SHAPE[0], seed=7 + batch)
-                    with torch.no_grad():
-                        got = self.graph(**x)
-            with torch.no_grad():
-                want = self.model(**x)
             self.cases.append(x)
-            try:
-                assert_same_outputs(got, want, f"eval graph vs eager at {_shapes(x)}")
-            except AssertionError as exc:
-                raw = raw or raw_export(self.name).module()
-                with torch.no_grad():
-                    exported = raw(**x)
-                try:
-                    assert_same_outputs(exported, want, "raw export vs eager")
-                except AssertionError as raw_diff:
-                    self.notes.append(f"raw torch.export is not bit-exact either ({raw_diff})")
-                    assert_same_outputs(got, exported, f"eval graph vs raw export at {_shapes(x)}")
-                    continue
-                raise exc
+            for grad in (False, True):
+                with torch.set_grad_enabled(grad):
+                    got, want = self.graph(**x), eager(self.model, x)
+                assert_same_outputs(got, want, f"eval graph vs eager ({'grad' if grad else 'no_grad'}) at "
+                                               f"{_shapes(x)}")
 
     def metadata(self) -> None:
         assert self.graph is not None
@@ -201,18 +198,16 @@ class Run:
         return getattr(self, stage)  # type: ignore[no-any-return]
 
     def train_check(self) -> str:
-        """Train mode, same seeds, at the shapes `equal` checked (the capture's if it did not run): 'equal',
-        'refused: <error>' (``train()`` or the train-mode forward refused training by name), 'forward failed:
-        <error>' or 'differs: <field and diff>' (train graph vs train eager). Inputs eager cannot train on are
-        skipped; where raw train-mode torch.export differs from eager the graph must equal it ('equal (as ...)')."""
+        """Train mode, same seeds, grads on, at the shapes `equal` checked (the capture's if it did not run):
+        'equal', 'refused: <error>' (``train()`` or the train-mode forward refused training by name), 'forward
+        failed: <error>' or 'differs: <field and diff>' (train graph vs train eager, both without KV cache).
+        Inputs eager cannot train on are skipped."""
         assert self.graph is not None
         g = self.graph.copy()
         try:
             g.train()
         except Exception as exc:  # noqa: BLE001 - a loud refusal is one of the accepted outcomes
             return f"refused: {first_line(exc)}"
-        raw: nn.Module | None = None
-        caveat = ""
         for x in self.cases or [capture_inputs(self.name)]:
             try:
                 seeded(0)
@@ -226,32 +221,20 @@ class Run:
             self.model.train()
             try:
                 seeded(0)
-                want = self.model(**x)
+                want = eager(self.model, x)
             finally:
                 self.model.eval()
             try:
                 assert_same_outputs(got, want, f"train graph vs eager at {_shapes(x)}")
             except AssertionError as exc:
-                # As in `equal`: where torch.export's own train-mode trace is not bit-exact with eager, the
-                # graph must equal that trace bit for bit (same seed).
-                try:
-                    raw = raw or raw_export(self.name, train=True).module()
-                except Exception:  # noqa: BLE001 - no train-mode raw export to compare with
-                    return f"differs: {first_line(exc)}"
-                seeded(0)
-                exported = raw(**x)
-                try:
-                    assert_same_outputs(got, exported, f"train graph vs raw train-mode export at {_shapes(x)}")
-                except AssertionError as raw_diff:
-                    return f"differs: {first_line(exc)}; {first_line(raw_diff)}"
-                caveat = f" (as raw train-mode torch.export, which differs from eager: {first_line(exc)})"
-        return "equal" + caveat
+                return f"differs: {first_line(exc)}"
+        return "equal"
 
     def _eager_train_fails(self, x: dict[str, torch.Tensor]) -> bool:
         self.model.train()
         try:
             seeded(0)
-            self.model(**x)
+            eager(self.model, x)
         except Exception:  # noqa: BLE001 - any eager failure: the inputs are not trainable
             return True
         finally:
