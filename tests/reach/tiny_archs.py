@@ -234,3 +234,10 @@ def check_inputs(name: str) -> list[dict[str, torch.Tensor]]:
     shapes = {"audio": AUDIO_LENGTHS, "image": IMAGE_SIDES, "image_fixed": IMAGE_SIDES,
               "features": ((3, 0), (1, 0))}.get(kind, TEXT_SHAPES)
     return [inputs(name, b, s, seed=2 + i) for i, (b, s) in enumerate(shapes)]
+
+# Round 2 (issue 27): more MoE, mobile / hierarchical vision, long-attention and state-space models, all `reach`.
+if __package__:  # imported as reach.tiny_archs (tests/graph), else as a module beside this file
+    from .tiny_archs_extra import EXTRA_ARCHS  # noqa: E402
+else:
+    from tiny_archs_extra import EXTRA_ARCHS  # noqa: E402
+ARCHS.update(EXTRA_ARCHS)
