@@ -8,8 +8,10 @@ name: a ``get_attr`` node holds a stored tensor, and an op's result may alias it
 provably allocates (an ATen kernel whose schema returns no alias and that is not a composite which may
 hand back its input, or one of the few composites known to compute a new tensor on every path, such as
 ``matmul``: Falcon adds its residual in place into ``x @ weight.T``; ``einsum`` only with two or more
-operands, since one operand may come back as a view of itself). Everything else -- views,
-``getattr(w, "data")``, ``getitem``, module calls, unknown functions -- is assumed to alias. Module
+operands, since one operand may come back as a view of itself), or a call of a module that is exactly
+``nn.Linear`` or a convolution (Swinv2 applies ``ReLU(inplace=True)`` to a Linear of a stored table).
+Everything else -- views, ``getattr(w, "data")``, ``getitem``, other module calls (a subclass may
+override ``forward``), unknown functions -- is assumed to alias. Module
 values (a ``get_attr`` of a submodule) are refused outright: a graph calls modules, it never holds them
 (``.half()`` on one casts its weights).
 """
@@ -32,6 +34,8 @@ from .targets import CheckpointError
 __all__ = ["StoredReach"]
 
 _Op = torch._ops.OpOverload | torch._ops.OpOverloadPacket
+# Modules whose forward computes a new tensor on every path (a product or a convolution), by exact class.
+_FRESH_MODULES: frozenset[type[nn.Module]] = frozenset({nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d})
 
 
 @functools.cache
@@ -197,7 +201,7 @@ class StoredReach:
         """Whether the result may share storage with the node's inputs (True unless provably fresh)."""
         target = node.target
         if node.op == "call_module":
-            return True
+            return type(self.gm.get_submodule(str(target))) not in _FRESH_MODULES
         op: _Op | None = target if isinstance(target, _Op) else _packet(
             str(target) if node.op == "call_method" else canonical_function_name(target))
         if op is None:
