@@ -3,9 +3,14 @@
 torch.export records a guard for every branch the model's code took on a size: beyond ``size <= 64`` it
 writes floor divisions, remainders, products, ``max``/``min`` and (in)equalities of such expressions
 (EfficientNet: ``(side // 32) == 1``). Such a guard is parsed here -- never evaluated as Python -- into a
-small tree of lists (``["cmp", "==", ["floordiv", ["dim", 0, 3], ["int", 32]], ["int", 1]]``) that
-:func:`evaluate` interprets on the input shapes. Loading a checkpoint can hand it any data: anything outside
-this grammar, too deep or too large, or naming a missing input or dimension, raises ``ValueError``.
+small program of lists that :func:`evaluate` interprets on the input shapes. Guards repeat sub-expressions
+heavily (Swin's window padding ``(side // 4) + ((4 - (side // 4) % 4) % 4)`` appears dozens of times in one
+5,000-character guard), so the program is the expression with each distinct sub-expression stored once, in
+order: ``["let", ["floordiv", ["dim", 0, 3], ["int", 32]], ["cmp", "==", ["ref", 0], ["int", 1]]]`` (a step's
+operands are sizes, integers or earlier steps; the last step is the guard's value). Its nesting is fixed and its
+size linear in the distinct sub-expressions. Plain trees (``["cmp", "==", ["floordiv", ...], ["int", 1]]``,
+checkpoints written before the sharing) are read too. Loading a checkpoint can hand it any data: anything outside
+this grammar, too deep or too large, or naming a missing input, dimension or later step, raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ _ARITH: dict[str, Callable[[int, int], int]] = {"add": operator.add, "sub": oper
 _CMP: dict[str, Callable[[int, int], bool]] = {"==": operator.eq, "!=": operator.ne, "<": operator.lt,
                                                "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
-MAX_DEPTH = 24  # EfficientNet's deepest guard is 5 levels
-MAX_NODES = 256
+MAX_DEPTH = 24  # a plain tree's nesting (EfficientNet's deepest guard is 5 levels; a program's is always 3)
+MAX_NODES = 256  # lists in one guard (tree or program)
 MAX_INT = 2**62
 
 
@@ -35,19 +40,38 @@ def parse_guard(code: str, inputs: dict[str, int]) -> list[Any] | None:
     """The tree of a guard's Python text over ``L['name'].size()[d]`` of the named inputs, or None when the
     text is outside the grammar (the caller then fixes the dimensions it names instead)."""
     try:
-        tree = ast.parse(code.strip(), mode="eval").body
-        out = _from_ast(tree, inputs)
+        out = _shared(_from_ast(ast.parse(code.strip(), mode="eval").body, inputs))
         validate(out, len(inputs))
         return out
     except (SyntaxError, ValueError, RecursionError):
         return None
 
 
+def _shared(tree: list[Any]) -> list[Any]:
+    """The ``let`` program of a parsed tree: every distinct operation once, operands before their users."""
+    steps: list[list[Any]] = []
+    seen: dict[str, int] = {}
+
+    def operand(node: list[Any]) -> list[Any]:
+        if node[0] in ("int", "dim"):
+            return node
+        step = [node[0], *[a if isinstance(a, str) else operand(a) for a in node[1:]]]
+        key = repr(step)
+        if key not in seen:
+            seen[key] = len(steps)
+            steps.append(step)
+        return ["ref", seen[key]]
+
+    operand(tree)
+    return ["let", *steps] if steps else tree
+
+
 def _from_ast(node: ast.expr, inputs: dict[str, int]) -> list[Any]:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return ["int", node.value]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return ["sub", ["int", 0], _from_ast(node.operand, inputs)]
+        operand = _from_ast(node.operand, inputs)  # torch writes (-1)*x: a negative constant stays one leaf
+        return ["int", -operand[1]] if operand[0] == "int" else ["sub", ["int", 0], operand]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return ["not", _from_ast(node.operand, inputs)]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -89,7 +113,9 @@ def validate(tree: Any, n_inputs: int, depth: int = 0, budget: list[int] | None 
     if not isinstance(tree, list | tuple) or not tree or not isinstance(tree[0], str):
         raise ValueError(f"shape guard expression node {str(tree)[:60]!r} is not [op, ...]")
     op, args = tree[0], tree[1:]
-    if op == "int":
+    if op == "let" and depth == 0:
+        _validate_program(args, n_inputs, budget)
+    elif op == "int":
         if len(args) != 1 or type(args[0]) is not int or abs(args[0]) > MAX_INT:
             raise ValueError(f"shape guard constant {str(args)[:60]} is not a small integer")
     elif op == "dim":
@@ -111,9 +137,37 @@ def validate(tree: Any, n_inputs: int, depth: int = 0, budget: list[int] | None 
         raise ValueError(f"shape guard operation {str(op)[:40]!r} is not allowed")
 
 
+def _validate_program(steps: Sequence[Any], n_inputs: int, budget: list[int]) -> None:
+    """ValueError unless each step is one operation whose operands are leaves or earlier steps."""
+    if not steps or len(steps) > MAX_NODES:
+        raise ValueError(f"shape guard program has {len(steps)} steps (1 to {MAX_NODES} allowed)")
+    for k, step in enumerate(steps):
+        if not isinstance(step, list | tuple) or not step or step[0] in ("int", "dim", "ref", "let"):
+            raise ValueError(f"shape guard step {str(step)[:60]!r} is not an operation")
+        for a in step[2:] if step[0] == "cmp" else step[1:]:
+            if _is_ref(a):
+                if type(a[1]) is not int or not 0 <= a[1] < k:
+                    raise ValueError(f"shape guard step {k} refers to {str(a[1])[:20]}, not an earlier step")
+            elif not (isinstance(a, list | tuple) and a and a[0] in ("int", "dim")):
+                raise ValueError(f"shape guard step {k} operand {str(a)[:60]!r} is not a size, integer or step")
+        # the operation itself (operator, arity, leaves), with its step operands read as integers
+        validate([step[0], *[["int", 0] if _is_ref(a) else a for a in step[1:]]], n_inputs, 1, budget)
+
+
+def _is_ref(a: Any) -> bool:
+    return isinstance(a, list | tuple) and len(a) == 2 and a[0] == "ref"
+
+
 def evaluate(tree: Sequence[Any], shapes: Sequence[Sequence[int] | None]) -> Any:
-    """The value of a validated tree at ``shapes`` (each input's shape; None for a non-tensor input)."""
+    """The value of a validated tree or program at ``shapes`` (each input's shape; None for a non-tensor
+    input). A program is run step by step, each step once, without recursion."""
     op, args = tree[0], tree[1:]
+    if op == "let":
+        values: list[Any] = []
+        for step in args:
+            values.append(_apply(step[0], [values[a[1]] if _is_ref(a) else a if isinstance(a, str) else
+                                           evaluate(a, shapes) for a in step[1:]], step))
+        return values[-1]
     if op == "int":
         return args[0]
     if op == "dim":
@@ -121,9 +175,13 @@ def evaluate(tree: Sequence[Any], shapes: Sequence[Sequence[int] | None]) -> Any
         if shape is None or args[1] >= len(shape):
             raise ValueError(f"shape guard reads dimension {args[1]} of input {args[0]}, which it does not have")
         return shape[args[1]]
+    return _apply(op, [a if isinstance(a, str) else evaluate(a, shapes) for a in args], tree)
+
+
+def _apply(op: str, values: list[Any], tree: Sequence[Any]) -> Any:
+    """One operation on its operands' values (``cmp``: the operator, then both sides)."""
     if op == "cmp":
-        return _CMP[args[0]](evaluate(args[1], shapes), evaluate(args[2], shapes))
-    values = [evaluate(a, shapes) for a in args]
+        return _CMP[values[0]](values[1], values[2])
     if op in _ARITH:
         if op in ("floordiv", "mod") and values[1] == 0:
             raise ValueError(f"shape guard divides by zero: {str(tree)[:80]}")
@@ -137,22 +195,34 @@ def evaluate(tree: Sequence[Any], shapes: Sequence[Sequence[int] | None]) -> Any
     return max(values) if op == "max" else min(values)
 
 
-def render(tree: Sequence[Any], names: Sequence[str]) -> str:
-    """The guard as readable text (``pixel_values.shape[2] // 32 == 1``) for error messages."""
+RENDER_CHARS = 300  # a rendered step longer than this is cut (a shared guard expands to thousands of chars)
+
+
+def render(tree: Sequence[Any], names: Sequence[str], steps: Sequence[str] = ()) -> str:
+    """The guard as readable text (``pixel_values.shape[2] // 32 == 1``) for error messages; a program's
+    steps are expanded in place, each cut to ``RENDER_CHARS`` so the text stays short."""
     op, args = tree[0], tree[1:]
+    if op == "let":
+        done: list[str] = []
+        for step in args:
+            text = render(step, names, done)
+            done.append(text if len(text) <= RENDER_CHARS else text[:RENDER_CHARS] + " ...")
+        return done[-1]
+    if op == "ref":
+        return steps[args[0]]
     if op == "int":
         return str(args[0])
     if op == "dim":
         return f"{names[args[0]]}.shape[{args[1]}]"
     if op == "cmp":
-        return f"{render(args[1], names)} {args[0]} {render(args[2], names)}"
+        return f"{render(args[1], names, steps)} {args[0]} {render(args[2], names, steps)}"
     if op in _SYMBOL:
-        return f"({render(args[0], names)} {_SYMBOL[op]} {render(args[1], names)})"
+        return f"({render(args[0], names, steps)} {_SYMBOL[op]} {render(args[1], names, steps)})"
     if op == "not":
-        return f"not {render(args[0], names)}"
+        return f"not {render(args[0], names, steps)}"
     if op in ("and", "or"):
-        return f" {op} ".join(f"({render(a, names)})" for a in args)
-    return f"{op}({', '.join(render(a, names) for a in args)})"
+        return f" {op} ".join(f"({render(a, names, steps)})" for a in args)
+    return f"{op}({', '.join(render(a, names, steps) for a in args)})"
 
 
 def dims_in(tree: Sequence[Any]) -> list[tuple[int, int]]:

@@ -29,6 +29,7 @@ __all__ = ["ShapeGuardError", "check_input_shapes", "guard_spec", "insert_guard"
 
 GUARD_NODE = "fxforge_shape_guard"
 _ALIAS_OPS = {"slice", "alias", "detach", "clone", "contiguous"}
+_WHY_CHARS = 400  # an expression guard's text kept as its reason (Swin's run to 5,000 characters)
 _SIZE_REF = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
 _GUARD = re.compile(r"^L\['(\w+)'\]\.size\(\)\[(\d+)\] (==|<=|>=|<|>) (?:(-?\d+)|L\['(\w+)'\]\.size\(\)\[(\d+)\])$")
 
@@ -198,9 +199,12 @@ def _keep_expression(code: str, placeholders: list[fx.Node], index: dict[str, in
     loudly rather than unchecked)."""
     why = f"torch.export guard {code}"
     tree = parse_guard(code, index)
+    if tree is not None and any(c[2] == "expr" and c[3] == tree for c in checks):
+        return  # torch.export repeats some guards word for word
     if tree is not None and dims_in(tree):
         i, d = dims_in(tree)[0]
-        checks.append((i, d, "expr", tree, why))
+        short = why if len(why) <= _WHY_CHARS else why[:_WHY_CHARS] + " ..."  # the check renders the rest
+        checks.append((i, d, "expr", tree, short))
         return
     named = [(index[n], int(d)) for n, d in _SIZE_REF.findall(code) if n in index]
     if not named:

@@ -194,6 +194,31 @@ def test_efficientnet_never_answers_outside_what_export_proved(tmp_path: Path) -
                 graph(**inputs(side))
 
 
+def test_swin_takes_every_batch_size_raw_export_proved(tmp_path: Path) -> None:
+    """Swin's window padding makes torch.export guard sizes with long expressions (up to 5,000 characters, the
+    same sub-expressions repeated): they are kept as checks, not pinned, so a capture at batch 2 runs other
+    batch sizes exactly like eager and refuses the sides those guards exclude (torch.export's guards hold at
+    32 x 32 only: HF Swin branches on whether a stage's resolution exceeds its window); reloaded too."""
+    from reach.tiny_archs import build, capture_inputs
+
+    def inputs(batch: int, side: int) -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(batch * 100 + side)
+        return {"pixel_values": torch.randn(batch, 3, side, side, generator=gen)}
+
+    model = build("swin")
+    mg = ForgeGraph(model, example_inputs=capture_inputs("swin"), cache=False).eval()
+    assert not [n for n in mg.capture_notes if "fixes" in n], mg.capture_notes
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "swin"))
+    for graph in (mg, loaded):
+        for batch in (3, 7):
+            x = inputs(batch, 32)
+            with torch.no_grad():
+                assert torch.equal(graph(**x).logits, model(**x).logits), batch
+        for side in (40, 24, 30):  # the second stage outgrows its window / fits it / not whole patches
+            with pytest.raises(ShapeGuardError, match=rf"dimension \d is {side},"):
+                graph(**inputs(3, side))
+
+
 def _branches_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     path = ForgeGraph(_Branches(), torch.randn(2, 12)).eval().export(tmp_path / "branches")
     return path, json.loads((path / "graph.json").read_text())
@@ -206,7 +231,14 @@ def _branches_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     ["dim", 5, 0],  # an input that does not exist
     ["dim", 0, 9],  # a dimension the input does not have
     ["cmp", "==", ["int", 1], ["int", 2], ["int", 3]],  # malformed arity
-], ids=["call", "pow", "str_leaf", "no_input", "no_dim", "arity"])
+    ["let", ["add", ["dim", 0, 1], ["int", 1]], ["cmp", "==", ["ref", 1], ["int", 9]]],  # a step reading itself
+    ["let", ["cmp", "==", ["ref", 0], ["int", 9]], ["add", ["dim", 0, 1], ["int", 1]]],  # a later step
+    ["let", ["add", ["dim", 0, 1], ["add", ["int", 1], ["int", 2]]]],  # a nested operand instead of a step
+    ["let", ["let", ["add", ["dim", 0, 1], ["int", 1]]]],  # a program inside a program
+    ["let", ["pow", ["dim", 0, 1], ["int", 2]]],  # an op outside the grammar as a step
+    ["add", ["ref", 0], ["int", 1]],  # a step reference outside a program
+], ids=["call", "pow", "str_leaf", "no_input", "no_dim", "arity", "self_ref", "later_ref", "nested_operand",
+        "nested_let", "step_pow", "stray_ref"])
 def test_hostile_guard_expressions_are_refused(tmp_path: Path, tree: list[Any]) -> None:
     """A checkpoint's guard expression is data read by a small interpreter: anything outside its grammar is
     refused before the graph runs, never evaluated."""
