@@ -33,7 +33,16 @@ from .hf import KNOWN_INPUTS, cache_disabled, default_input_names, hf_dummy_inpu
 from .inputs import ExampleInputs
 from .normalize import normalize
 from .training_guard import insert_training_guard
-from .training_only import TrainingCaptureError, train_mode_capture
+from .training_only import (
+    EvalSemantics,
+    TrainingCaptureError,
+    differs_cause,
+    eval_mode_capture,
+    eval_outputs,
+    output_difference,
+    rng_kept,
+    train_mode_capture,
+)
 
 Frontend = Literal["auto", "fx", "export"]
 FRONTENDS: tuple[str, ...] = ("auto", "fx", "export")
@@ -198,6 +207,47 @@ def _trace_normalized(model: nn.Module, frontend: str, example: ExampleInputs | 
     return normalize(gm, model, notes), (guards, notes)
 
 
+def _finish(gm: fx.GraphModule, model: nn.Module, guards: tuple[Any, ...] | None, taken: EvalSemantics,
+            notes: list[str]) -> None:
+    """Insert a trace's shape guards and its training guard, add their notes to ``notes``, recompile."""
+    if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
+        insert_guard(gm, guards[0], guards[1])
+        notes.extend(guards[2])
+    if taken.causes or taken.whole_model:  # train mode refuses (graph/training_guard)
+        insert_training_guard(gm, taken.labelled(model))
+    notes.extend(taken.notes(model))
+    gm.recompile()
+
+
+def _eval_checked(model: nn.Module, example: ExampleInputs, trace: Any, gm: fx.GraphModule, taken: EvalSemantics,
+                  notes: list[str]) -> tuple[fx.GraphModule, list[str]]:
+    """The captured graph checked against eager in eval mode at the example inputs (graph/training_only): when it
+    differs, the whole model captured in eval semantics if that one equals eager exactly, else ``gm`` with a note
+    of the difference. Costs one eager and one graph forward when they agree."""
+    args, kwargs = example.args, dict(example.kwargs)
+    try:
+        want = eval_outputs(model, args, kwargs)
+        difference = output_difference(want, eval_outputs(gm, args, kwargs))
+    except Exception as exc:  # noqa: BLE001 - the capture stands; the note says it is unchecked
+        return gm, [*notes, f"not checked against eager in eval mode: running it failed ({_short(exc)})"]
+    if difference is None:
+        return gm, notes
+    kept = (f"the captured graph differs from eager in eval mode at the example inputs ({difference}); kept "
+            "as captured")
+    if taken.whole_model:
+        return gm, [*notes, kept]
+    try:
+        gm2, (guards2, notes2), taken2 = eval_mode_capture(model, trace, differs_cause(difference))
+        _finish(gm2, model, guards2, taken2, notes2)
+        again = output_difference(want, eval_outputs(gm2, args, kwargs))
+    except Exception as exc:  # noqa: BLE001 - the train-mode capture stands, with the difference noted
+        return gm, [*notes, f"{kept}: capturing it in eval mode failed ({_short(exc)})"]
+    if again is None:
+        return gm2, notes2
+    return gm, [*notes, f"{kept}: captured in eval mode it differs too ({again}), so the difference is numeric "
+                        "(e.g. another BLAS path), not training-dependent behaviour"]
+
+
 def _site_path(site: _Site) -> tuple[str | None, str]:
     """(module path of a failure site, or None when it is in no module; where it is) for training_only."""
     return ("" if site.path == "<root>" else site.path or None), site.where
@@ -253,7 +303,7 @@ def capture(
     model.train()
     try:
         # Grad enabled: under a caller's no_grad, export would record no no_grad region (gradients would differ).
-        with cache_disabled(model, notes) if hf else nullcontext(), torch.enable_grad():
+        with rng_kept(), cache_disabled(model, notes) if hf else nullcontext(), torch.enable_grad():
             # Every frontend in train mode first; only when all fail, again taking failing training branches in
             # eval semantics (graph/training_only): a frontend that traces the training branch is better.
             for in_eval in (False, True):
@@ -275,14 +325,10 @@ def capture(
                         continue
                     if failures:
                         notes.append(f"fell back to {name} after " + "; ".join(failures))
+                    _finish(gm, model, guards, taken, traced_notes)
+                    if example is not None:  # not on a cache hit: a hit returned above
+                        gm, traced_notes = _eval_checked(model, example, trace, gm, taken, traced_notes)
                     notes.extend(traced_notes)
-                    if guards is not None:  # torch.export's shape guards, kept as a checkpointable check
-                        insert_guard(gm, guards[0], guards[1])
-                        notes.extend(guards[2])
-                    if taken.causes or taken.whole_model:  # train mode refuses (graph/training_guard)
-                        insert_training_guard(gm, taken.labelled(model))
-                    notes.extend(taken.notes(model))
-                    gm.recompile()
                     gm.train(was_training)
                     if key is not None:
                         capture_cache.store(key, gm, model, name, tuple(notes))

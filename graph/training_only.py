@@ -16,7 +16,7 @@ train mode. Every flag is restored afterwards. The graph then carries a refusal 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -24,9 +24,10 @@ from typing import TypeVar
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.utils._pytree as pytree
 
 __all__ = ["is_random", "random_owners", "train_mode_capture", "TrainingCaptureError", "MAX_MODULES",
-           "MAX_ROUNDS"]
+           "MAX_ROUNDS", "rng_kept", "eval_outputs", "output_difference", "differs_cause", "eval_mode_capture"]
 
 MAX_MODULES = 6  # failing modules taken in eval semantics before falling back to an eval-mode capture
 MAX_ROUNDS = 3  # re-traces for random ops (each takes every module left with training-only ones)
@@ -230,3 +231,77 @@ def train_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphMod
             f"{_short(exc)} (in eval mode; in train mode it failed first in {path or '<root>'}{where}, and taking "
             f"{[p or '<root>' for p in taken.causes]} in eval semantics did not get past it)", exc) from exc
     return gm, extra, taken
+
+
+# --- The train-mode capture checked against eager in eval mode --------------------------------------------------
+# Random choices made outside torch (numpy: graph constants) and outputs that depend on ``self.training`` are
+# invisible to the random-op detector; running both once at the example inputs shows them.
+
+
+@contextmanager
+def rng_kept() -> Iterator[None]:
+    """torch's and numpy's global random streams as they were before (capture must not advance the user's)."""
+    torch_state = torch.random.get_rng_state()
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
+        np = None  # type: ignore[assignment]
+    np_state = np.random.get_state() if np is not None else None
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(torch_state)
+        if np is not None:
+            np.random.set_state(np_state)
+
+
+def eval_outputs(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    """``module``'s outputs in eval mode under no_grad, its flags and the random streams left as they were."""
+    with rng_kept(), _eval_mode(module, keep_dropout=False), torch.no_grad():
+        return module(*args, **kwargs)
+
+
+def _keys(x: object) -> list[str]:
+    return [str(k) for k in x.keys()] if isinstance(x, Mapping) else []
+
+
+def output_difference(want: object, got: object) -> str | None:
+    """How ``got`` differs from ``want`` (None: same structure, every tensor equal bit for bit; NaN equals NaN)."""
+    want_leaves, want_spec = pytree.tree_flatten(want)
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    if want_spec != got_spec:
+        missing = [k for k in _keys(want) if k not in _keys(got)]
+        extra = [k for k in _keys(got) if k not in _keys(want)]
+        if missing or extra:
+            return ", ".join(([f"outputs {','.join(missing)} missing"] if missing else []) +
+                             ([f"outputs {','.join(extra)} extra"] if extra else []))
+        return f"output structure {got_spec} instead of {want_spec}"
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(want_leaves, got_leaves)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            if a != b:
+                return f"output {i} is {b!r} instead of {a!r}"
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {i} has {b.dtype}{list(b.shape)} instead of {a.dtype}{list(a.shape)}"
+        same = a == b
+        if a.is_floating_point() or a.is_complex():
+            same |= a.isnan() & b.isnan()
+        if not bool(same.all()):
+            worst = max(worst, float((a.double() - b.double()).abs().nan_to_num(float("inf")).max()))
+    return None if worst == 0.0 else f"max abs diff {worst:.3g}"
+
+
+def differs_cause(difference: str) -> str:
+    """The cause a graph captured in eval semantics after the eval check names."""
+    return (f"the train-mode trace differs from eager in eval mode ({difference}): something other than dropout "
+            "depends on training (e.g. random choices made outside torch, outputs that depend on self.training); "
+            "captured in eval semantics, the whole model in eval mode (its dropout modules stay switchable)")
+
+
+def eval_mode_capture(model: nn.Module, attempt: Callable[[], tuple[fx.GraphModule, T]],
+                      cause: str) -> tuple[fx.GraphModule, T, EvalSemantics]:
+    """``attempt`` with the whole model in eval mode, its dropout modules in train mode (switchable)."""
+    with _eval_mode(model, keep_dropout=True):
+        gm, extra = attempt()
+    return gm, extra, EvalSemantics(causes={"": cause}, whole_model=True)
