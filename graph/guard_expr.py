@@ -20,7 +20,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["parse_guard", "evaluate", "render", "dims_in"]
+__all__ = ["parse_guard", "evaluate", "render", "dims_in", "Plan"]
 
 _BINARY: dict[type[ast.operator], str] = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv",
                                           ast.Mod: "mod"}
@@ -195,6 +195,83 @@ def _apply(op: str, values: list[Any], tree: Sequence[Any]) -> Any:
     if op == "or":
         return any(values)
     return max(values) if op == "max" else min(values)
+
+
+_UNSET = object()
+_NARY: dict[str, Callable[..., Any]] = {"and": lambda *v: all(v), "or": lambda *v: any(v), "max": max, "min": min,
+                                        "not": operator.not_}
+
+
+class Plan:
+    """Validated trees or programs compiled once into one table of distinct operations (shared across the
+    programs: Swin's 255 guards repeat the same window padding), so a call evaluates each distinct operation
+    at most once, in each program's own order (the same values and the same first error as :func:`evaluate`).
+    Build it only from validated trees: it does not check them."""
+
+    def __init__(self, trees: Sequence[Sequence[Any]]) -> None:
+        self.template: list[Any] = []  # a slot per distinct leaf or operation: constants filled, others unset
+        self.steps: list[tuple[Callable[..., Any] | None, tuple[int, ...], Any]] = []  # (fn, operands, source)
+        self.orders: list[list[int]] = []  # per tree: the slots to compute, operands first; the last is its value
+        self._slots: dict[tuple[Any, ...], int] = {}
+        self.finals: list[int] = []  # per tree: the slot of its value
+        for tree in trees:
+            order: list[int] = []
+            if tree[0] == "let":
+                local: list[int] = []
+                for step in tree[1:]:
+                    operands = step[2:] if step[0] == "cmp" else step[1:]
+                    local.append(self._op(step, [local[a[1]] if _is_ref(a) else self._leaf_or_op(a, order)
+                                                 for a in operands], order))
+                self.finals.append(local[-1])
+            else:
+                self.finals.append(self._leaf_or_op(tree, order))
+            self.orders.append(order)
+
+    def _slot(self, key: tuple[Any, ...], value: Any, step: tuple[Callable[..., Any] | None, tuple[int, ...], Any],
+              order: list[int]) -> int:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = len(self.template)
+            self.template.append(value)
+            self.steps.append(step)
+        if value is _UNSET and slot not in order:
+            order.append(slot)
+        return slot
+
+    def _leaf_or_op(self, tree: Sequence[Any], order: list[int]) -> int:
+        if tree[0] == "int":
+            return self._slot(("int", tree[1]), tree[1], (None, (), tree), order)
+        if tree[0] == "dim":
+            return self._slot(("dim", tree[1], tree[2]), _UNSET, (None, (tree[1], tree[2]), tree), order)
+        operands = tree[2:] if tree[0] == "cmp" else tree[1:]
+        return self._op(tree, [self._leaf_or_op(a, order) for a in operands], order)
+
+    def _op(self, tree: Sequence[Any], operands: list[int], order: list[int]) -> int:
+        op = tree[0]
+        fn = _CMP[tree[1]] if op == "cmp" else _ARITH.get(op) or _NARY[op]
+        key = (op, tree[1] if op == "cmp" else None, *operands)
+        return self._slot(key, _UNSET, (fn, tuple(operands), tree), order)
+
+    def run(self, k: int, shapes: Sequence[Sequence[int] | None], values: list[Any]) -> Any:
+        """The value of tree ``k`` at ``shapes``; ``values`` (a copy of ``template``, one per call) keeps
+        every operation computed so far in this call, so the other trees reuse it."""
+        steps = self.steps
+        slot = -1
+        try:
+            for slot in self.orders[k]:
+                if values[slot] is _UNSET:
+                    fn, operands, _ = steps[slot]
+                    if fn is None:
+                        shape = shapes[operands[0]]
+                        if shape is None or operands[1] >= len(shape):
+                            raise ValueError(f"shape guard reads dimension {operands[1]} of input {operands[0]}, "
+                                             "which it does not have")
+                        values[slot] = shape[operands[1]]
+                    else:
+                        values[slot] = fn(*[values[o] for o in operands])
+        except ZeroDivisionError:
+            raise ValueError(f"shape guard divides by zero: {str(steps[slot][2])[:80]}") from None
+        return values[self.finals[k]]
 
 
 RENDER_CHARS = 300  # a rendered step longer than this is cut (a shared guard expands to thousands of chars)

@@ -22,10 +22,11 @@ import torch
 import torch.fx as fx
 
 from . import targets
-from .guard_expr import dims_in, evaluate, parse_guard, render, validate
+from .guard_expr import Plan, dims_in, parse_guard, render, validate
 from .static_dims import specialisation_reasons
 
-__all__ = ["ShapeGuardError", "check_input_shapes", "guard_spec", "insert_guard", "GUARD_NODE"]
+__all__ = ["ShapeGuardError", "check_input_shapes", "validate_checks", "guard_spec", "insert_guard",
+           "GUARD_NODE"]
 
 GUARD_NODE = "fxforge_shape_guard"
 _ALIAS_OPS = {"slice", "alias", "detach", "clone", "contiguous"}
@@ -45,17 +46,56 @@ def _fail(names: Sequence[str], index: int, dim: int, actual: int, allowed: str,
         "dynamic=True)) with an example of the size you need")
 
 
+_KINDS = ("rank", "eq", "range", "same", "expr")
+_PLANS: dict[int, tuple[Any, Plan]] = {}  # id(checks) -> (checks, its plan): a graph's checks are one constant
+_MAX_PLANS = 256
+
+
+def _frozen(value: Any) -> bool:
+    """Whether ``value`` is tuples all the way down (so a plan built from it stays true to it)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, tuple):
+            stack.extend(v)
+        elif not isinstance(v, int | str | None):
+            return False
+    return True
+
+
+def _plan(checks: Sequence[Sequence[Any]]) -> Plan:
+    """The compiled expression checks of ``checks``, built once per checks object. The generated forward
+    passes the same constant tuple on every call; anything mutable is compiled afresh each call."""
+    entry = _PLANS.get(id(checks))
+    if entry is not None and entry[0] is checks:
+        return entry[1]
+    plan = Plan([value for _, _, kind, value, _ in checks if kind == "expr"])
+    if _frozen(checks):
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[id(checks)] = (checks, plan)  # holding checks keeps its id from being reused
+    return plan
+
+
 @torch.fx.node.has_side_effect
 def check_input_shapes(*inputs: Any, names: Sequence[str], checks: Sequence[Sequence[Any]]) -> None:
     """Raise ShapeGuardError unless every check holds. A check is ``(input, dim, kind, value, why)``:
     kind ``rank`` (value: ndim), ``eq`` (value: size), ``range`` (value: (lo, hi or None)), ``same``
     (value: (other input, other dim)), ``expr`` (value: a graph/guard_expr tree over the input sizes that must
-    hold; index and dim name the first size it reads)."""
+    hold; index and dim name the first size it reads). Every check is evaluated on every call; the checks are
+    trusted (capture builds them; a checkpoint's are validated by :func:`validate_checks` when it loads)."""
+    plan: Plan | None = None
+    values: list[Any] = []
+    shapes: list[tuple[int, ...] | None] = []
+    k = 0
     for index, dim, kind, value, why in checks:
         if kind == "expr":
-            validate(value, len(inputs))
-            shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs]
-            if not evaluate(value, shapes):
+            if plan is None:
+                plan = _plan(checks)
+                values = plan.template.copy()
+                shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs]
+            k += 1
+            if not plan.run(k - 1, shapes, values):
                 shape = shapes[index] if 0 <= index < len(shapes) else None
                 _fail(names, index, dim, shape[dim] if shape is not None and 0 <= dim < len(shape) else -1,
                       f"shapes where {render(value, names)}", why)
@@ -81,7 +121,48 @@ def check_input_shapes(*inputs: Any, names: Sequence[str], checks: Sequence[Sequ
                       f"({other.shape[value[1]]})", why)
 
 
+def validate_checks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """CheckpointError unless a loaded guard call's ``names`` and ``checks`` are what capture writes: each check
+    well-formed, naming inputs and dimensions the call has (an expression within graph/guard_expr's limits and
+    the ranks the checks record), so the per-call check never has to re-validate."""
+    n = len(args)
+    names, checks = kwargs.get("names"), kwargs.get("checks")
+    if set(kwargs) != {"names", "checks"} or not isinstance(names, list | tuple) or len(names) != n \
+            or not all(isinstance(a, str) for a in names) or not isinstance(checks, list | tuple):
+        raise targets.CheckpointError("shape guard check call needs names (one per input) and checks")
+    ranks = {c[0]: c[3] for c in checks if isinstance(c, list | tuple) and len(c) == 5 and c[2] == "rank"}
+
+    def small(v: Any, bound: int) -> bool:
+        return type(v) is int and 0 <= v < bound
+
+    for check in checks:
+        ok = isinstance(check, list | tuple) and len(check) == 5
+        if ok:
+            index, dim, kind, value, why = check
+            ok = small(index, n) and small(dim, 64) and kind in _KINDS and isinstance(why, str)
+            if ok and kind in ("rank", "eq"):
+                ok = type(value) is int and value >= 0
+            elif ok and kind == "range":
+                ok = isinstance(value, list | tuple) and len(value) == 2 and type(value[0]) is int \
+                    and (value[1] is None or type(value[1]) is int)
+            elif ok and kind == "same":
+                ok = isinstance(value, list | tuple) and len(value) == 2 and small(value[0], n) \
+                    and small(value[1], 64)
+            elif ok and kind == "expr":
+                try:
+                    validate(value, n)
+                except (ValueError, RecursionError) as exc:
+                    raise targets.CheckpointError(str(exc)) from None
+                for i, d in dims_in(value):
+                    if i in ranks and not (type(ranks[i]) is int and d < ranks[i]):
+                        raise targets.CheckpointError(f"shape guard reads dimension {d} of input {names[i]!r}, "
+                                                      f"which has {ranks[i]}")
+        if not ok:
+            raise targets.CheckpointError(f"shape guard check {str(check)[:120]} is malformed")
+
+
 targets.register_function(check_input_shapes, name="fxforge.check_input_shapes")
+targets.register_call_check("fxforge.check_input_shapes", validate_checks)
 
 
 def _unrolled_steps(placeholder: fx.Node, dim: int) -> int:
@@ -229,4 +310,10 @@ def insert_guard(gm: fx.GraphModule, names: tuple[str, ...], checks: list[tuple[
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     with gm.graph.inserting_after(placeholders[-1]):
         return gm.graph.create_node("call_function", check_input_shapes, tuple(placeholders),
-                                    {"names": names, "checks": tuple(tuple(c) for c in checks)}, name=GUARD_NODE)
+                                    {"names": names, "checks": tuple(tuple(_freeze(v) for v in c) for c in checks)},
+                                    name=GUARD_NODE)
+
+
+def _freeze(value: Any) -> Any:
+    """Lists as tuples, all the way down: the generated code then passes one constant, built once."""
+    return tuple(_freeze(v) for v in value) if isinstance(value, list | tuple) else value

@@ -316,8 +316,20 @@ def check_method(name: Any) -> str:
     return name
 
 
+_CALL_CHECKS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], None]] = {}
+
+
+def register_call_check(name: str, check: Callable[[tuple[Any, ...], dict[str, Any]], None]) -> None:
+    """Validate the arguments of calls to ``name`` when a checkpoint is loaded or saved (``check`` raises
+    CheckpointError), so data the call interprets at run time is checked once, before the graph is built."""
+    _CALL_CHECKS[name] = check
+
+
 def check_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Argument rules for targets that need them: ``getattr`` only reads public attributes."""
+    """Argument rules for targets that need them: ``getattr`` only reads public attributes; the rules
+    registered with :func:`register_call_check` (the shape guard's checks)."""
+    if name in _CALL_CHECKS:
+        _CALL_CHECKS[name](args, kwargs)
     if name == "builtins.getattr":
         attr = args[1] if len(args) > 1 else None
         if kwargs or len(args) not in (2, 3) or not isinstance(attr, str) or not _IDENT.match(attr) \

@@ -37,13 +37,15 @@ class _Pyramid(torch.nn.Module):
 
 def _depth(tree: Any, steps: tuple[int, ...] = ()) -> int:
     """Nesting of an expression; a shared ``let`` program's by its expanded expression (its steps inlined)."""
-    if isinstance(tree, list) and tree[:1] == ["let"]:
+    if not isinstance(tree, list | tuple):  # the graph holds programs as tuples (one constant in its code)
+        return 0
+    if tree[0] == "let":
         for step in tree[1:]:
             steps = (*steps, _depth(step, steps))
         return steps[-1]
-    if isinstance(tree, list) and tree[:1] == ["ref"]:
+    if tree[0] == "ref":
         return steps[tree[1]]
-    return 1 + max((_depth(a, steps) for a in tree[1:]), default=0) if isinstance(tree, list) else 0
+    return 1 + max((_depth(a, steps) for a in tree[1:]), default=0)
 
 
 def test_a_deep_size_guard_round_trips_its_checkpoint(tmp_path: Path) -> None:

@@ -241,7 +241,9 @@ def _branches_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
         "nested_let", "step_pow", "stray_ref"])
 def test_hostile_guard_expressions_are_refused(tmp_path: Path, tree: list[Any]) -> None:
     """A checkpoint's guard expression is data read by a small interpreter: anything outside its grammar is
-    refused before the graph runs, never evaluated."""
+    refused when the checkpoint loads (the guard is validated once there, not on every call), never evaluated."""
+    from fxforge.graph.targets import CheckpointError
+
     path, doc = _branches_checkpoint(tmp_path)
     text = json.dumps(doc)
     assert text.count('"expr"') == 1
@@ -249,8 +251,8 @@ def test_hostile_guard_expressions_are_refused(tmp_path: Path, tree: list[Any]) 
     _replace_expr(doc, tree)
     (path / "graph.json").write_text(json.dumps(doc))
     rehash_manifest(path)
-    with pytest.raises(ValueError, match="^shape guard"):
-        ForgeGraph.from_checkpoint(path)(torch.randn(3, 12))
+    with pytest.raises(CheckpointError, match="fxforge.check_input_shapes.*shape guard"):
+        ForgeGraph.from_checkpoint(path)
 
 
 @pytest.mark.parametrize("shape", ["deep", "wide"])
@@ -268,8 +270,41 @@ def test_an_oversized_guard_expression_is_refused(tmp_path: Path, shape: str) ->
     _replace_expr(doc, ["cmp", "==", tree, ["int", 1]])
     (path / "graph.json").write_text(json.dumps(doc))
     rehash_manifest(path)
-    with pytest.raises((CheckpointError, ValueError), match="nested|nodes"):
-        ForgeGraph.from_checkpoint(path)(torch.randn(3, 12))
+    with pytest.raises(CheckpointError, match="nested|nodes"):
+        ForgeGraph.from_checkpoint(path)
+
+
+@pytest.mark.parametrize("check", [
+    [9, 0, "rank", 2, "an input that does not exist"],
+    [0, 0, "exec", 2, "a kind outside the grammar"],
+    [0, 1, "range", [5], "a range without its upper bound"],
+    [0, 1, "same", [0, "1"], "another input's dimension given as text"],
+    [0, 1, "eq", 12],
+], ids=["no_input", "kind", "range", "same", "arity"])
+def test_hostile_plain_checks_are_refused_at_load(tmp_path: Path, check: list[Any]) -> None:
+    """The guard's other checks are validated at load too: the per-call check trusts its data."""
+    from fxforge.graph.targets import CheckpointError
+
+    path, doc = _branches_checkpoint(tmp_path)
+    assert _replace_check(doc, check)
+    (path / "graph.json").write_text(json.dumps(doc))
+    rehash_manifest(path)
+    with pytest.raises(CheckpointError, match="fxforge.check_input_shapes.*shape guard check"):
+        ForgeGraph.from_checkpoint(path)
+
+
+def _replace_check(doc: Any, check: list[Any]) -> bool:
+    """Replace the (one) ``expr`` check of a checkpoint's JSON by ``check``."""
+    if isinstance(doc, dict):
+        return any(_replace_check(v, check) for v in doc.values())
+    if isinstance(doc, list):
+        for i, v in enumerate(doc):
+            items = v.get("items") if isinstance(v, dict) else v
+            if isinstance(items, list) and len(items) == 5 and items[2] == "expr":
+                doc[i] = check
+                return True
+        return any(_replace_check(v, check) for v in doc)
+    return False
 
 
 def _replace_expr(doc: Any, tree: list[Any]) -> bool:
