@@ -194,29 +194,71 @@ def test_efficientnet_never_answers_outside_what_export_proved(tmp_path: Path) -
                 graph(**inputs(side))
 
 
-def test_swin_takes_every_batch_size_raw_export_proved(tmp_path: Path) -> None:
-    """Swin's window padding makes torch.export guard sizes with long expressions (up to 5,000 characters, the
-    same sub-expressions repeated): they are kept as checks, not pinned, so a capture at batch 2 runs other
-    batch sizes exactly like eager and refuses the sides those guards exclude (torch.export's guards hold at
-    32 x 32 only: HF Swin branches on whether a stage's resolution exceeds its window); reloaded too."""
-    from reach.tiny_archs import build, capture_inputs
+class _Windows(torch.nn.Module):
+    """Swin-style windows on a plain tensor: patches of 4, padded up to whole windows of 4 patches, then a branch
+    on the window count, so torch.export's guards repeat ``(s // 4) + ((4 - (s // 4) % 4) % 4)`` in many
+    reshapes (tests/reach/test_reach_guards.py runs tiny Swin itself, minutes to export)."""
 
-    def inputs(batch: int, side: int) -> dict[str, torch.Tensor]:
-        gen = torch.Generator().manual_seed(batch * 100 + side)
-        return {"pixel_values": torch.randn(batch, 3, side, side, generator=gen)}
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[1] // 4
+        h = x[:, : s * 4].reshape(x.shape[0], s, 4).sum(-1)
+        pad = (4 - s % 4) % 4
+        h = torch.nn.functional.pad(h, (0, pad))
+        h = h.reshape(-1, (s + pad) // 4, 4).sum(-1)
+        if (s + pad) // 4 > 2:
+            return h * 2
+        return h - 1
 
-    model = build("swin")
-    mg = ForgeGraph(model, example_inputs=capture_inputs("swin"), cache=False).eval()
-    assert not [n for n in mg.capture_notes if "fixes" in n], mg.capture_notes
-    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "swin"))
-    for graph in (mg, loaded):
-        for batch in (3, 7):
-            x = inputs(batch, 32)
-            with torch.no_grad():
-                assert torch.equal(graph(**x).logits, model(**x).logits), batch
-        for side in (40, 24, 30):  # the second stage outgrows its window / fits it / not whole patches
-            with pytest.raises(ShapeGuardError, match=rf"dimension \d is {side},"):
-                graph(**inputs(3, side))
+
+def test_padded_window_guards_are_shared_programs_checked_every_call(tmp_path: Path) -> None:
+    """The window-padding guards are kept as programs sharing their repeated sub-expressions (none pinned), so
+    a capture at batch 2 and side 48 runs other batches and padded sides exactly like eager and refuses the
+    sides they exclude, on the graph, its copy and its reloaded checkpoint."""
+    from fxforge.graph.guard_expr import Plan, dims_in
+
+    model = _Windows()
+    mg = ForgeGraph(model, torch.randn(2, 48)).eval()
+    assert not [n for n in mg.capture_notes if "shape guard" in n], mg.capture_notes
+    programs = [c[3] for c in mg.node(GUARD_NODE).kwargs["checks"] if c[2] == "expr"]
+    padded = [p for p in programs if sum(s[0] == "mod" for s in p[1:]) >= 2]  # ... % 4) % 4: the padding
+    assert len(padded) > 5 and all(p[0] == "let" and dims_in(p) for p in padded)
+    assert len(Plan(programs).steps) < sum(len(p) - 1 for p in programs) / 2  # shared across programs too
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "windows"))
+    for graph in (mg, mg.copy(), loaded):
+        for batch, side in ((3, 48), (7, 48), (3, 44), (1, 100), (5, 36)):  # 44: one window padded
+            x = torch.randn(batch, side)
+            assert torch.equal(graph(x), model(x)), (batch, side)
+        for side, why in ((32, r"// 4\) > 2"), (16, r"!= 1"), (47, r"x\.shape\[1\] == \(4 \* ")):
+            with pytest.raises(ShapeGuardError, match=rf"input 'x' dimension 1 is {side},.*{why}"):
+                graph(torch.randn(3, side))
+
+
+def test_the_compiled_guards_decide_like_the_reference_interpreter() -> None:
+    """check_input_shapes (programs compiled once, shared operations evaluated once per call) accepts and
+    refuses exactly the shapes graph/guard_expr.evaluate does, program by program, with the same errors."""
+    from fxforge.graph.guard_expr import evaluate
+    from fxforge.graph.guards import check_input_shapes
+
+    mg = ForgeGraph(_Windows(), torch.randn(2, 48)).eval()
+    kwargs = mg.node(GUARD_NODE).kwargs
+    lists = tuple((*c[:3], json.loads(json.dumps(c[3])), c[4]) for c in kwargs["checks"])  # as old checkpoints
+    for batch in (1, 2, 3):
+        for side in range(0, 70):
+            x = torch.randn(batch, side)
+            try:
+                expected = next((c[4] for c in kwargs["checks"] if c[2] == "expr"
+                                 and not evaluate(c[3], [tuple(x.shape)])), None)
+            except ValueError as exc:
+                expected = str(exc)
+            for checks in (kwargs["checks"], lists):
+                try:
+                    check_input_shapes(x, names=kwargs["names"], checks=checks)
+                    got = None
+                except ShapeGuardError as exc:
+                    got = next(c[4] for c in kwargs["checks"] if f": {c[4]}. Pass inputs" in str(exc))
+                except ValueError as exc:
+                    got = str(exc)
+                assert got == expected, (batch, side)
 
 
 def _branches_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
