@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import rehash_manifest
+from conftest import rehash_manifest, replace_expr_check
 
 from fxforge import ForgeGraph
 from fxforge.graph import guard_expr
@@ -75,21 +75,10 @@ def test_the_deepest_expression_capture_accepts_loads(tmp_path: Path) -> None:
         guard_expr.validate(["not", tree], 1)
     path = ForgeGraph(_Pyramid(), torch.randn(2, 3, 64, 64)).eval().export(tmp_path / "pyramid")
     doc = json.loads((path / "graph.json").read_text())
-    assert _replace_first_expr(doc, tree)
+    assert replace_expr_check(doc, tree)
     (path / "graph.json").write_text(json.dumps(doc))
     rehash_manifest(path)
     loaded = ForgeGraph.from_checkpoint(path)
     x = torch.randn(3, 3, 32, 32)
     assert torch.equal(loaded(x), x - 1)
 
-
-def _replace_first_expr(doc: Any, tree: list[Any]) -> bool:
-    """Replace the first ``expr`` check's tree in a checkpoint's JSON, wherever it is nested."""
-    if isinstance(doc, dict):
-        return any(_replace_first_expr(v, tree) for v in doc.values())
-    if isinstance(doc, list):
-        if len(doc) == 5 and doc[2] == "expr":
-            doc[3] = tree
-            return True
-        return any(_replace_first_expr(v, tree) for v in doc)
-    return False

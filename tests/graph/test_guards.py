@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import bert_inputs, make_agru, make_tiny_bert, rehash_manifest
+from conftest import bert_inputs, make_agru, make_tiny_bert, rehash_manifest, replace_expr_check
 
 from fxforge import ForgeGraph
 from fxforge.graph.guards import GUARD_NODE, ShapeGuardError
@@ -290,7 +290,7 @@ def test_hostile_guard_expressions_are_refused(tmp_path: Path, tree: list[Any]) 
     text = json.dumps(doc)
     assert text.count('"expr"') == 1
     doc = json.loads(text)
-    _replace_expr(doc, tree)
+    replace_expr_check(doc, tree)
     (path / "graph.json").write_text(json.dumps(doc))
     rehash_manifest(path)
     with pytest.raises(CheckpointError, match="fxforge.check_input_shapes.*shape guard"):
@@ -309,7 +309,7 @@ def test_an_oversized_guard_expression_is_refused(tmp_path: Path, shape: str) ->
             tree = ["mul", tree, ["int", 10**18]]
     else:
         tree = ["max", *[["mul", ["int", 10**18], ["int", 10**18]] for _ in range(1000)]]
-    _replace_expr(doc, ["cmp", "==", tree, ["int", 1]])
+    replace_expr_check(doc, ["cmp", "==", tree, ["int", 1]])
     (path / "graph.json").write_text(json.dumps(doc))
     rehash_manifest(path)
     with pytest.raises(CheckpointError, match="nested|nodes"):
@@ -348,17 +348,6 @@ def _replace_check(doc: Any, check: list[Any]) -> bool:
         return any(_replace_check(v, check) for v in doc)
     return False
 
-
-def _replace_expr(doc: Any, tree: list[Any]) -> bool:
-    """Replace the value of the (one) ``expr`` check in a checkpoint's JSON, wherever it is nested."""
-    if isinstance(doc, dict):
-        return any(_replace_expr(v, tree) for v in doc.values())
-    if isinstance(doc, list):
-        if len(doc) == 5 and doc[2] == "expr":
-            doc[3] = tree
-            return True
-        return any(_replace_expr(v, tree) for v in doc)
-    return False
 
 
 def test_a_guard_outside_the_grammar_fixes_the_dims_it_names() -> None:
