@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 from cli_support import run_cli
 from conftest import make_agru, make_gpt, make_tiny_bert
@@ -34,7 +35,8 @@ def test_inspect_funnel_directory_names_the_static_length_and_why(tmp_path: Path
     assert max(len(line) for line in out.splitlines()) <= 100 and "…" not in static  # wrapped, not cut
 
 
-def test_inspect_bert_keeps_every_dim_dynamic() -> None:
+def test_inspect_bert_keeps_every_dim_dynamic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # the summary wraps to the terminal: fix its width (make's may be 80)
     text = summary(ensure_metadata(ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"])),
                    "tiny bert")
     assert "dynamic dims: input_ids[0], input_ids[1] in [2, 64], attention_mask[0], attention_mask[1] (= " \
@@ -42,7 +44,8 @@ def test_inspect_bert_keeps_every_dim_dynamic() -> None:
     assert "static dims:  none\n" in text
 
 
-def test_inspect_fixed_shape_capture_says_so() -> None:
+def test_inspect_fixed_shape_capture_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
     text = summary(ensure_metadata(ForgeGraph(make_agru(), torch.randn(2, 12, 8), dynamic=False)), "agru", 0)
     assert "dynamic dims: none\n" in text
     assert "x[0]=2 because the graph was captured with dynamic=False for the example's size 2" in text
