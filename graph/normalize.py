@@ -104,7 +104,7 @@ class _Notes:
                                     f"({type(module).__name__}) {why}, so calling it is not exactly that op")
 
 
-def _innermost(node: fx.Node) -> tuple[str, str] | None:
+def innermost_module(node: fx.Node) -> tuple[str, str] | None:
     """(path, type name) of the innermost module whose forward produced the node."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
@@ -161,7 +161,7 @@ def _replace_with_module(gm: fx.GraphModule, node: fx.Node, path: str, args: tup
 
 def _owner_module(model: nn.Module, node: fx.Node,
                   cls: type[nn.Module] | tuple[type[nn.Module], ...]) -> tuple[str, nn.Module] | None:
-    site = _innermost(node)
+    site = innermost_module(node)
     if site is None:
         return None
     path = site[0]
@@ -283,7 +283,7 @@ def _lift_dropout(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> None:
     if owner is not None and owner[1].p == p and _not_exact(owner[1], nn.Dropout) is None:
         path, module = owner
     else:
-        site = _innermost(node)
+        site = innermost_module(node)
         base = f"{site[0]}.{node.name}" if site and site[0] else node.name
         path, module = _fresh_path(gm, model, base), nn.Dropout(p)
     _set_submodule(gm, path, module)
@@ -299,7 +299,7 @@ def _lift_sdpa(gm: fx.GraphModule, model: nn.Module, node: fx.Node) -> bool:
         dropout_p=p, is_causal=bool(bound.get("is_causal", False)), scale=bound.get("scale"),
         enable_gqa=bool(bound.get("enable_gqa", False)),
     )
-    site = _innermost(node)
+    site = innermost_module(node)
     path = _fresh_path(gm, model, f"{site[0]}.sdpa" if site and site[0] else "sdpa")
     _set_submodule(gm, path, module)
     args = (bound["query"], bound["key"], bound["value"], bound.get("attn_mask"))

@@ -26,6 +26,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from .normalize import innermost_module
+
 __all__ = ["is_random", "random_owners", "train_mode_capture", "TrainingCaptureError", "MAX_MODULES",
            "MAX_ROUNDS", "rng_kept", "eval_outputs", "output_difference", "differs_cause", "eval_mode_capture"]
 
@@ -74,8 +76,8 @@ def is_random(node: fx.Node) -> bool:
 
 def _owner(node: fx.Node) -> str:
     """Path of the innermost module whose forward produced ``node`` ("" for the root's own forward)."""
-    stack = node.meta.get("nn_module_stack")
-    return str(list(stack.values())[-1][0]) if stack else ""
+    site = innermost_module(node)
+    return site[0] if site else ""
 
 
 def random_owners(gm: fx.GraphModule) -> Counter[str]:
