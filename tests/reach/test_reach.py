@@ -10,13 +10,11 @@ passes. ``make test`` runs the REPRESENTATIVE ones (one per kind); the rest are 
 from __future__ import annotations
 
 import pytest
-from reach_stages import STAGES, Run, first_line, raw_export
-from tiny_archs import ARCHS, REPRESENTATIVE
+from reach_checks import cases, check_reach, check_train
+from reach_stages import Run
+from tiny_archs import ARCHS, SECOND_FILE
 
-# One xdist group per architecture: `make test-reach` (--dist loadgroup) runs both tests of one on the same worker,
-# so the train-mode test reuses the graph test_reach captured.
-CASES = [pytest.param(name, marks=[pytest.mark.xdist_group(name),
-                                   *(() if name in REPRESENTATIVE else [pytest.mark.reach])]) for name in ARCHS]
+CASES = cases([name for name in ARCHS if name not in SECOND_FILE])
 
 
 @pytest.fixture(scope="module")
@@ -27,35 +25,9 @@ def runs() -> dict[str, Run]:
 
 @pytest.mark.parametrize("name", CASES)
 def test_reach(runs: dict[str, Run], name: str) -> None:
-    run = runs[name] = Run(name)
-    for stage in STAGES:
-        try:
-            run.stage(stage)()
-        except Exception as exc:
-            # Only a model raw torch.export also fails on is exempt (checked here, after the fact, to save
-            # the export's time when fxforge succeeds: the verdict is the same as checking it first).
-            try:
-                raw_export(name)
-            except Exception as raw_exc:  # noqa: BLE001 - the exemption: raw export fails as well
-                print(f"{name}: not expected (raw torch.export fails: {first_line(raw_exc)})")
-                return
-            raise AssertionError(f"{name}: raw torch.export takes it, fxforge fails at {stage!r}: "
-                                 f"{first_line(exc)}") from exc
+    check_reach(runs, name)
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_train_mode_equals_eager_or_refuses(runs: dict[str, Run], name: str) -> None:
-    run = runs.get(name)
-    if run is None or run.graph is None:  # test_reach did not run or capture: capture here (all this needs)
-        run = Run(name)
-        try:
-            run.capture()
-        except Exception as exc:
-            try:
-                raw_export(name)
-            except Exception:  # noqa: BLE001 - not expected: raw export fails as well
-                return
-            raise AssertionError(f"{name}: raw torch.export takes it, fxforge cannot capture it: "
-                                 f"{first_line(exc)}") from exc
-    result = run.train_check()
-    assert result.startswith(("equal", "refused:")), f"{name}: train mode {result}"
+    check_train(runs, name)

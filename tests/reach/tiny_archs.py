@@ -177,6 +177,7 @@ ARCHS["whisper"] = Arch(**{**ARCHS["whisper"].__dict__, "side": 64, "extra": {"m
 # One of each kind: what `make test` runs (the rest are marked `reach`, run by `make test-reach`).
 REPRESENTATIVE = ("bert", "llama", "mixtral", "t5", "vit", "beit", "resnet", "mobilenet_v2", "wav2vec2",
                   "siglip_vision", "convnext", "gpt2")
+SECOND_FILE = REPRESENTATIVE[1::2]  # run from test_reach_second.py: the halves go to both xdist workers
 
 CAPTURE_SHAPE = (2, 16)  # (batch, length) for text; images capture at batch 2, side 32
 # Two (batch, length) shapes other than the capture's; the last row of every batch is padded.
