@@ -6,6 +6,7 @@ from .config import OpQuantConfig, QuantizeConfig, QuantizeConfigError, RoleSpec
 from .formats import FORMATS, ROLES
 from .lower import Int8Linear, lower_int8_transform_pass
 from .modules import QuantizedConv1d, QuantizedConv2d, QuantizedLayerNorm, QuantizedLinear
+from .packing import NotPackable, pack_layer_weight, pack_weight  # registers the packed-tensor codecs
 from .quantizer import Quantize
 from .records import CalibrationRecord, LoweringRecord, QuantizationRecord
 from .report import quantization_report_analysis_pass
@@ -18,6 +19,7 @@ __all__ = [
     "CalibrationRecord",
     "Int8Linear",
     "LoweringRecord",
+    "NotPackable",
     "OpQuantConfig",
     "QuantizationRecord",
     "QuantizationWarning",
@@ -33,6 +35,8 @@ __all__ = [
     "calibrate_analysis_pass",
     "calibrate_transform_pass",
     "lower_int8_transform_pass",
+    "pack_layer_weight",
+    "pack_weight",
     "quantization_report_analysis_pass",
     "quantize_transform_pass",
 ]
