@@ -1,17 +1,20 @@
-"""Objectives and constraints of a search: accuracy, latency, weight memory, parameter count.
+"""Objectives and constraints of a search: accuracy, latency, checkpoint size, weight memory, parameter count.
 
-Each objective is a name, a direction and a measurement of the trial's finished graph. Latency is
-the median of a few timed forwards on the graph itself; weight memory counts every parameter (and
-int8 weight buffer) at the bits it is stored or simulated at, so quantized layers count their
-format's bits and physically pruned layers count their smaller shapes (element-wise zeros do not
-save memory and are not counted as saved).
+Each objective is a name, a direction and a measurement of the trial's finished graph. Latency
+(``latency_ms``) is the median of a few timed forwards of the model as shipped: lowered to real low-bit
+kernels where a lowering applies, else the graph itself (search/measured.py; the trial's result says which
+it timed). ``checkpoint_bytes`` is the measured size of the exported checkpoint's weights file.
+``weight_bits`` is an accounting, not a measurement: every parameter (and int8 weight buffer) at the bits
+it is stored or simulated at, so quantized layers count their format's bits and physically pruned layers
+count their smaller shapes (element-wise zeros do not save memory and are not counted as saved).
 """
 
 from __future__ import annotations
 
+import difflib
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,23 +22,41 @@ import torch
 
 from ..passes.batching import run_batch
 from .errors import SearchError
+from .measured import Measurement, checkpoint_bytes, shipped_latency_ms
 
 if TYPE_CHECKING:
     from ..graph.forge_graph import ForgeGraph
     from .task import Task
 
-__all__ = ["OBJECTIVES", "Constraint", "Objective", "latency_ms", "param_count", "weight_bits"]
+__all__ = ["OBJECTIVES", "Constraint", "Measurement", "Objective", "latency_ms", "measure_objectives", "param_count",
+           "weight_bits"]
 
 Direction = Literal["maximize", "minimize"]
 
 
 @dataclass(frozen=True)
 class Objective:
-    """A named measurement of a trial's graph and whether larger or smaller is better."""
+    """A named measurement of a trial's graph and whether larger or smaller is better; ``measure`` returns
+    the value, or a :class:`Measurement` (value and notes on how it was measured, kept in the trial's result)."""
 
     name: str
     direction: Direction
-    measure: Callable[[ForgeGraph, Task | None], float]
+    measure: Callable[[ForgeGraph, Task | None], float | Measurement]
+
+
+def measure_objectives(objectives: Sequence[Objective], graph: ForgeGraph,
+                       task: Task | None) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """Each objective's value on ``graph`` by name, and the notes of those measured with notes (one place for
+    trials and the baseline, so both are measured the same way)."""
+    values: dict[str, float] = {}
+    notes: dict[str, dict[str, Any]] = {}
+    for o in objectives:
+        got = o.measure(graph, task)
+        if isinstance(got, Measurement):
+            values[o.name], notes[o.name] = float(got.value), dict(got.notes)
+        else:
+            values[o.name] = float(got)
+    return values, notes
 
 
 def weight_bits(graph: ForgeGraph) -> float:
@@ -104,7 +125,8 @@ def _accuracy(graph: ForgeGraph, task: Task | None) -> float:
 
 OBJECTIVES: dict[str, Objective] = {
     "accuracy": Objective("accuracy", "maximize", _accuracy),
-    "latency_ms": Objective("latency_ms", "minimize", latency_ms),
+    "latency_ms": Objective("latency_ms", "minimize", shipped_latency_ms),
+    "checkpoint_bytes": Objective("checkpoint_bytes", "minimize", checkpoint_bytes),
     "weight_bits": Objective("weight_bits", "minimize", lambda g, t: weight_bits(g)),
     "avg_weight_bits": Objective("avg_weight_bits", "minimize", lambda g, t: avg_weight_bits(g)),
     "param_count": Objective("param_count", "minimize", lambda g, t: param_count(g)),
@@ -122,7 +144,9 @@ def resolve_objectives(names: Any) -> tuple[Objective, ...]:
         elif n in OBJECTIVES:
             out.append(OBJECTIVES[n])
         else:
-            raise SearchError(f"unknown objective {n!r}; built-in: {sorted(OBJECTIVES)} (or pass an Objective)")
+            close = difflib.get_close_matches(str(n), OBJECTIVES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SearchError(f"unknown objective {n!r}{hint}; built-in: {sorted(OBJECTIVES)} (or pass an Objective)")
     if not out:
         raise SearchError("a search needs at least one objective")
     if len({o.name for o in out}) != len(out):

@@ -129,7 +129,7 @@ class SearchResult:
         figures: dict[str, Any] = {}
         if len(self.objectives) > 1:
             figures["pareto_front"] = vis.plot_pareto_front(self.study, target_names=self.objectives)
-            bits = next((o for o in self.objectives if "bits" in o), None)
+            bits = next((o for o in self.objectives if "bits" in o or "bytes" in o), None)
             if "accuracy" in self.objectives and bits:
                 figures["accuracy_vs_bits"] = self._scatter("accuracy", bits)
         else:
@@ -203,7 +203,25 @@ class SearchResult:
         paths = []
         for t in self.front() if trials is None else trials:
             paths.append(self.rebuild(t).export(out / f"trial_{t.number}"))
+            self._check_size(t, paths[-1])
         return paths
+
+    def _check_size(self, trial: optuna.trial.FrozenTrial, path: Path) -> None:
+        """Warn when an exported point's weights file is not the size its trial measured (``checkpoint_bytes``):
+        the rebuild is not the graph the search measured (another base graph, or a study measured before
+        checkpoints stored quantized weights packed), so its row's size is not this checkpoint's."""
+        if "checkpoint_bytes" not in self.objectives or trial.values is None:
+            return
+        import warnings
+
+        from .measured import checkpoint_weight_bytes
+
+        measured = trial.values[self.objectives.index("checkpoint_bytes")]
+        on_disk = checkpoint_weight_bytes(path)
+        if on_disk != measured:
+            warnings.warn(f"trial {trial.number}: the exported checkpoint {path} holds {on_disk} bytes of weights, "
+                          f"the trial measured {measured:.0f}: this rebuild is not the graph the search measured "
+                          "(another base graph, or a study measured by an older fxforge)", stacklevel=3)
 
 
 def plan_from_json(doc: Mapping[str, Any]) -> TrialPlan:

@@ -21,7 +21,7 @@ import optuna
 from ..graph.forge_graph import ForgeGraph
 from ..pipelines import Pipeline
 from .errors import SearchError
-from .objectives import Constraint, Objective, resolve_objectives
+from .objectives import Constraint, Objective, measure_objectives, resolve_objectives
 from .progress import OptunaLogsAboveBar
 from .space import SearchSpace, TrialPlan
 from .storage import StorageSpec, batched_params, open_storage
@@ -31,6 +31,7 @@ __all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", 
            "trial_pipeline"]
 
 SPACE_ATTR, BASELINE_ATTR, OBJECTIVES_ATTR = "fxforge_space", "fxforge_baseline", "fxforge_objectives"
+BASELINE_NOTES_ATTR = "fxforge_baseline_notes"  # how the baseline's values were measured (as a trial's "notes")
 CONFIG_ATTR = "fxforge_config"
 
 
@@ -295,8 +296,10 @@ class Search:
             return dict(stored)
         if self.base is None:
             return {}
-        values = {o.name: float(o.measure(self.base, self.task)) for o in self._objectives}
+        values, notes = measure_objectives(self._objectives, self.base, self.task)
         study.set_user_attr(BASELINE_ATTR, values)
+        if notes:
+            study.set_user_attr(BASELINE_NOTES_ATTR, notes)
         return values
 
     # -- trials ---------------------------------------------------------------------------------------
@@ -322,10 +325,12 @@ class Search:
         t2 = time.perf_counter()
         graph = run_plan(graph, plan, pipelines, self.task, trial if len(self._objectives) == 1 else None)
         t3 = time.perf_counter()
-        values = {o.name: float(o.measure(graph, self.task)) for o in self._objectives}
+        values, notes = measure_objectives(self._objectives, graph, self.task)
         t4 = time.perf_counter()
         result: dict[str, Any] = {"values": values,
                                   "timing_s": {"sample": t1 - t0, "build": t2 - t1, "run": t3 - t2, "measure": t4 - t3}}
+        if notes:  # e.g. notes["latency_ms"]["timed"]: "lowered" or "simulated"
+            result["notes"] = notes
         if self.constraints:
             result["constraints"] = [c.violation(values, self._baseline) for c in self.constraints]
             _set_constraints(trial, result["constraints"])
