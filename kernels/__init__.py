@@ -11,6 +11,7 @@ it never imports triton -- the Triton modules load on the first call that runs t
 | ``add_layer_norm(x, r, w, b, eps)`` | ``(layer_norm(x + r), x + r)`` |
 | ``bias_gelu(x, b, approximate)`` / ``bias_relu(x, b)`` | ``gelu(x + b)`` / ``relu(x + b)`` |
 | ``afno_mlp(x, w1, b1, w2, b2, mask, lambd)`` | AFNO's spectral block MLP + softshrink on (real, imag) pairs |
+| ``int8_weight_only_linear(x, w_int8, scale, bias)`` | ``x @ (w_int8 * scale[:, None]).T + bias`` (CPU C++ kernel) |
 """
 
 if __name__ == "fxforge.kernels":
@@ -19,9 +20,10 @@ if __name__ == "fxforge.kernels":
     from .dispatch import kernel_backend, triton_available, use_triton
     from .layernorm import add_layer_norm, layer_norm
     from .row_softmax import scaled_masked_softmax, softmax, softmax_backward
+    from .woq_int8 import int8_weight_only_linear
 
-    __all__ = ["add_layer_norm", "afno_mlp", "bias_gelu", "bias_relu", "kernel_backend", "layer_norm",
-               "scaled_masked_softmax", "softmax", "softmax_backward", "triton_available", "use_triton"]
+    __all__ = ["add_layer_norm", "afno_mlp", "bias_gelu", "bias_relu", "int8_weight_only_linear", "kernel_backend",
+               "layer_norm", "scaled_masked_softmax", "softmax", "softmax_backward", "triton_available", "use_triton"]
 else:  # pragma: no cover - depends on how Python was started
     # Run from the repository root, this folder is also importable as a top-level ``kernels``, a name
     # transformers probes for (the HF kernels package): that copy stays empty instead of registering
