@@ -24,6 +24,8 @@ import torch.nn as nn
 
 from ...graph.packed import PackedTensor, codec, register_codec
 from .packing_bits import NotPackable, view_shape
+from .packing_block import BLOCK_CODEC, MXFP_CODEC, pack_block, pack_mxfp
+from .packing_float import MINIFLOAT_CODEC, pack_minifloat
 from .packing_int import INT_CODEC, pack_int
 from .quantizer import Quantize
 
@@ -32,10 +34,11 @@ __all__ = ["NotPackable", "PACKERS", "pack_weight", "pack_layer_weight", "packed
 Packer = Callable[[Quantize, torch.Tensor, int, int, tuple[int, ...], "int | None"], PackedTensor]
 
 # format name -> packer; a codec whose codes carry the sign of zero is checked bit for bit.
-PACKERS: dict[str, Packer] = {"integer": pack_int, "scaled_integer": pack_int}
-_SIGNED_ZERO: set[str] = set()  # codec names whose codes keep -0.0 (float formats)
+PACKERS: dict[str, Packer] = {"integer": pack_int, "scaled_integer": pack_int, "minifloat": pack_minifloat,
+                              "block_fp": pack_block, "mxint": pack_block, "mxfp": pack_mxfp}
+_SIGNED_ZERO: frozenset[str] = frozenset({"minifloat", "mxfp"})  # codecs whose codes keep -0.0 (float formats)
 
-for _c in (INT_CODEC,):
+for _c in (INT_CODEC, MINIFLOAT_CODEC, BLOCK_CODEC, MXFP_CODEC):
     register_codec(_c)
 
 

@@ -162,7 +162,7 @@ def test_int_parts_reject_bad_params() -> None:
 
 
 def test_codecs_are_registered() -> None:
-    assert "int" in codec_names()
+    assert {"int", "minifloat", "block", "mxfp"} <= set(codec_names())
 
 
 def test_packed_bytes_match_the_accounted_bits() -> None:
@@ -176,3 +176,146 @@ def test_packed_bytes_match_the_accounted_bits() -> None:
         accounted = get_format(spec["format"]).bits(q.params) * w.numel() / 8
         assert accounted <= p.nbytes <= 1.05 * accounted, spec
         assert packed_bits(p) == 8 * p.nbytes
+
+
+# -- minifloat ---------------------------------------------------------------------------------------------
+MINIFLOATS = [(8, 4, "fn"), (8, 5, "ieee"), (8, 4, "ieee"), (6, 2, "none"), (6, 3, "none"), (4, 2, "none"),
+              (3, 1, "none"), (5, 2, "ieee"), (7, 3, "fn"), (12, 5, "ieee"), (16, 5, "ieee"), (16, 7, "fn"),
+              (32, 8, "ieee")]
+
+
+def _specials() -> torch.Tensor:
+    """Weights with +-inf, NaN of both signs, signed zeros, subnormal-range and out-of-range values."""
+    w = _weight(16, 40)
+    w[3, :8] = torch.tensor([float("inf"), float("-inf"), float("nan"), -float("nan"), -0.0, 0.0, 1e30, -1e30])
+    w[4, :3] = torch.tensor([1e-40, -1e-40, -1e-7])
+    return w
+
+
+@pytest.mark.parametrize("width,ew,special", MINIFLOATS)
+@pytest.mark.parametrize("saturate", [True, False])
+def test_minifloat_round_trips_bit_for_bit(width: int, ew: int, special: str, saturate: bool) -> None:
+    spec = {"format": "minifloat", "width": width, "exponent_width": ew, "special": special, "saturate": saturate}
+    q = _quantizer(spec)
+    w = _specials() if special != "none" else torch.nan_to_num(_specials(), nan=1.0)
+    ref = q(w)
+    if special == "fn" and not saturate:  # overflow and inf become NaN; their signs are kept
+        assert torch.isnan(ref[3, :2]).all() and torch.signbit(ref[3, 1])
+    p = pack_weight(q, w)
+    assert p.codec == "minifloat" and p.parts["codes"].numel() == stream_bytes(w.numel(), width)
+    out = unpack(p)
+    assert torch.equal(_bits(out), _bits(ref))  # -0.0, inf and NaN (with sign) included
+    assert torch.signbit(out[3, 4]) and not torch.signbit(out[3, 5])
+    if special != "none":
+        assert torch.isnan(out[3, 2:4]).all() and torch.signbit(out[3, 3]) and not torch.signbit(out[3, 2])
+
+
+def test_minifloat_e4m3_codes_are_torch_float8_bytes() -> None:
+    w = _weight(16, 40)
+    q = _quantizer({"format": "minifloat", "width": 8, "exponent_width": 4, "special": "fn"})
+    p = pack_weight(q, w)
+    assert torch.equal(p.parts["codes"], w.to(torch.float8_e4m3fn).reshape(-1).view(torch.uint8))
+
+
+def test_minifloat_without_nan_code_is_not_packable() -> None:
+    w = _weight()
+    w[0, 7] = float("nan")
+    with pytest.raises(NotPackable, match="no NaN code"):
+        pack_weight(_quantizer({"format": "minifloat", "width": 4, "exponent_width": 2, "special": "none"}), w)
+    with pytest.raises(NotPackable, match="no NaN code"):  # E5M0 'ieee': the top exponent is inf only
+        pack_weight(_quantizer({"format": "minifloat", "width": 6, "exponent_width": 5}), w)
+
+
+# -- block formats: block_fp, mxint, mxfp --------------------------------------------------------------------
+@pytest.mark.parametrize("width", [2, 3, 4, 5, 6, 7, 8, 12, 24])
+@pytest.mark.parametrize("block_size", [1, 7, 16, 32])
+def test_mxint_and_block_fp_round_trip(width: int, block_size: int) -> None:
+    w = _weight(48, 70)  # 70 = 2 * 32 + 6: a partial last block at every block size but 1 and 7
+    for spec in ({"format": "mxint", "width": width, "block_size": block_size},
+                 {"format": "block_fp", "width": width, "exponent_width": 4, "block_size": block_size},
+                 {"format": "block_fp", "width": width, "exponent_width": 3, "exponent_bias": 1,
+                  "block_size": block_size}):
+        p = assert_round_trip(spec, w)
+        blocks = 48 * -(-70 // block_size)
+        ew = 8 if spec["format"] == "mxint" else spec["exponent_width"]
+        assert p.codec == "block" and p.parts["exponents"].numel() == stream_bytes(blocks, ew)
+        assert p.parts["codes"].dtype == (torch.int8 if width == 8 else torch.uint8)
+
+
+def test_block_formats_along_other_axes_and_with_infinities() -> None:
+    w = _weight(37, 20)
+    w[5, 5], w[6, 6] = float("inf"), float("-inf")
+    for spec in ({"format": "mxint", "width": 4, "block_size": 16},
+                 {"format": "block_fp", "width": 6, "exponent_width": 5, "block_size": 8},
+                 {"format": "mxfp", "width": 8, "exponent_width": 5, "block_size": 16},
+                 {"format": "mxfp", "width": 4, "exponent_width": 2, "block_size": 32}):
+        assert_round_trip(spec, w, block_axis=0)  # blocks down the columns: 37 = 2 * 16 + 5
+        assert_round_trip(spec, torch.randn(3, 5, 11), block_axis=1)
+
+
+@pytest.mark.parametrize("width,ew", [(8, 4), (8, 5), (6, 2), (6, 3), (4, 2)])
+@pytest.mark.parametrize("block_size", [1, 7, 32])
+def test_mxfp_round_trips_bit_for_bit(width: int, ew: int, block_size: int) -> None:
+    w = _specials() if (width, ew) in ((8, 4), (8, 5)) else torch.nan_to_num(_specials(), nan=0.5)
+    spec = {"format": "mxfp", "width": width, "exponent_width": ew, "block_size": block_size}
+    q = _quantizer(spec)
+    p = pack_weight(q, w)
+    assert p.codec == "mxfp" and p.parts["scales"].dtype == torch.uint8
+    assert p.parts["scales"].numel() == 16 * -(-40 // block_size)
+    assert torch.equal(_bits(unpack(p)), _bits(q(w)))
+
+
+def test_block_nan_is_not_packable() -> None:
+    w = _weight()
+    w[9, 9] = float("nan")
+    for spec in ({"format": "mxint", "width": 8}, {"format": "block_fp", "width": 6},
+                 {"format": "mxfp", "width": 4, "exponent_width": 2}):
+        with pytest.raises(NotPackable, match="NaN"):
+            pack_weight(_quantizer(spec), w)
+
+
+def test_float_and_block_parts_reject_bad_params() -> None:
+    w = _weight(8, 40)
+    cases = {
+        "minifloat": ({"format": "minifloat", "width": 8, "exponent_width": 4, "special": "fn"},
+                      [{"width": 2}, {"exponent_width": 9}, {"special": "ibm"}, {"exponent_bias": 300},
+                       {"width": 40}, {"exponent_width": 1, "special": "ieee"}]),
+        "block": ({"format": "mxint", "width": 4},
+                  [{"width": 25}, {"block_size": 0}, {"block_size": 5000}, {"axis": 2}, {"exponent_width": 0},
+                   {"exponent_bias": -200}, {"flatten_from": 2}]),
+        "mxfp": ({"format": "mxfp", "width": 4, "exponent_width": 2},
+                 [{"width": 5}, {"exponent_width": 4}, {"block_size": 0}, {"axis": None}]),
+    }
+    for name, (spec, changes) in cases.items():
+        p = pack_weight(_quantizer(spec), w)
+        c = codec(name)
+        assert p.codec == name and c.parts(p.params, p.shape)
+        for change in changes:
+            with pytest.raises(ValueError, match=f"packed codec {name!r}"):
+                c.parts({**p.params, **change}, p.shape)
+        with pytest.raises(ValueError, match="exactly"):
+            c.parts({k: v for k, v in p.params.items() if k != "width"}, p.shape)
+        grown = PackedTensor(name, p.params, (9, 40), p.parts)  # claims more elements than its parts hold
+        with pytest.raises(ValueError, match="do not match"):
+            c.unpack(grown)
+
+
+# -- sizes -----------------------------------------------------------------------------------------------------
+SIZE_SPECS: list[dict[str, Any]] = [
+    *({"format": "minifloat", "width": b, "exponent_width": e, "special": s}
+      for b, e, s in ((8, 4, "fn"), (6, 3, "ieee"), (5, 2, "none"), (3, 1, "none"))),
+    *({"format": "mxint", "width": b, "block_size": s} for b in (2, 3, 4, 8) for s in (16, 32)),
+    *({"format": "block_fp", "width": b, "exponent_width": e, "block_size": s}
+      for b in (3, 4, 7) for e in (4, 8) for s in (16, 32)),
+    *({"format": "mxfp", "width": b, "exponent_width": e, "block_size": 32}
+      for b, e in ((8, 4), (8, 5), (6, 2), (6, 3), (4, 2))),
+]
+
+
+@pytest.mark.parametrize("spec", SIZE_SPECS, ids=lambda s: "-".join(str(v) for v in s.values()))
+def test_float_and_block_bytes_match_the_accounted_bits(spec: dict[str, Any]) -> None:
+    w = torch.randn(384, 1536)
+    q = _quantizer(spec)
+    p = pack_weight(q, w)
+    accounted = get_format(spec["format"]).bits(q.params) * w.numel() / 8
+    assert accounted <= p.nbytes <= 1.05 * accounted
