@@ -95,6 +95,10 @@ class Quantize(nn.Module):
         block_axis: the axis blocks of block formats run along.
         calibrated: restored state of a calibrated quantizer (checkpoints).
         scale_shape: shape of the scale/zero_point buffers (() per tensor, (C,) per channel).
+        prequantized: the tensor already holds this format's values (a weight decoded from a packed
+            checkpoint) and passes through unchanged: re-quantizing it is not bit-exact for formats whose
+            scale comes from the tensor's range. Such a layer is for inference or fine-tuning from the
+            quantized values; QAT from the float weights needs a checkpoint saved with ``pack=False``.
     """
 
     fxforge_op = "quantize"
@@ -103,7 +107,7 @@ class Quantize(nn.Module):
 
     def __init__(self, spec: RoleSpec | Mapping[str, Any], role: str = "data_in", is_param: bool = False,
                  channel_axis: int = -1, block_axis: int = -1, calibrated: bool = False,
-                 scale_shape: tuple[int, ...] | list[int] = ()) -> None:
+                 scale_shape: tuple[int, ...] | list[int] = (), prequantized: bool = False) -> None:
         super().__init__()
         self.spec = spec if isinstance(spec, RoleSpec) else RoleSpec.from_json(spec)
         self.fmt = get_format(self.spec.format)
@@ -113,6 +117,7 @@ class Quantize(nn.Module):
         self.channel_axis = int(channel_axis)
         self.block_axis = int(block_axis)
         self.calibrated = bool(calibrated)
+        self.prequantized = bool(prequantized)
         self.enabled = True
         self.observer: Observer | None = None
         self.register_buffer("scale", torch.ones(tuple(scale_shape)))
@@ -153,7 +158,8 @@ class Quantize(nn.Module):
     def to_config(self) -> dict[str, Any]:
         return {"spec": self.spec.to_json(), "role": self.role, "is_param": self.is_param,
                 "channel_axis": self.channel_axis, "block_axis": self.block_axis,
-                "calibrated": self.calibrated, "scale_shape": list(self.scale.shape)}
+                "calibrated": self.calibrated, "scale_shape": list(self.scale.shape),
+                "prequantized": self.prequantized}
 
     @property
     def frac_width(self) -> torch.Tensor | None:
@@ -203,7 +209,7 @@ class Quantize(nn.Module):
         if self.observer is not None:
             self.observer.observe(x)
             return x
-        if not self.enabled:
+        if not self.enabled or self.prequantized:
             return x
         # Parameters are re-quantized on every call: no cache keyed on the tensor's version counter,
         # which fused/foreach optimizers and ``param.data = ...`` update without bumping.
