@@ -10,7 +10,7 @@ recorded beside it, as is the whole directory's size. The number is a file size,
 ``shipped_latency_ms`` times the model that would run when shipped: where a lowering pass maps some of
 the trial's quantized layers to real low-bit kernels it times a lowered copy of the graph (the trial's
 own graph, accuracy included, stays simulated), else the graph itself. Which one it timed is recorded
-beside the value (``timed``: ``lowered`` or ``simulated``) in the trial's result.
+beside the value (``timed``: ``lowered``, ``simulated`` or ``float``) in the trial's result.
 """
 
 from __future__ import annotations
@@ -79,10 +79,11 @@ def checkpoint_bytes(graph: ForgeGraph, task: Task | None = None) -> Measurement
 def lowered_for_timing(graph: ForgeGraph) -> tuple[ForgeGraph, dict[str, Any]]:
     """``graph`` as it would run shipped: a copy with every lowering pass that applies run on it (real
     low-bit kernels for the layers that have one), or ``graph`` itself when none applies; plus notes:
-    ``timed`` (``lowered`` when some layer runs a real kernel, else ``simulated``) and per pass the count
-    of layers it lowered."""
+    ``timed`` (``lowered`` when some layer runs a real kernel, ``simulated`` when quantized layers only
+    simulate their formats, ``float`` when nothing is quantized) and per pass the count of layers it lowered."""
     from ..passes.quantize.lower import Int8Linear, lower_int8_transform_pass, lowerable
     from ..passes.quantize.modules import QuantizedLinear
+    from ..passes.quantize.quantizer import Quantize
 
     modules = list(graph.model.modules())
     already = sum(isinstance(m, Int8Linear) for m in modules)
@@ -93,7 +94,8 @@ def lowered_for_timing(graph: ForgeGraph) -> tuple[ForgeGraph, dict[str, Any]]:
         graph, info = lower_int8_transform_pass(graph)
         notes["lower_int8_transform_pass"] = info.lowered
     lowered = already + sum(v for k, v in notes.items() if k.endswith("_pass"))
-    notes["timed"] = "lowered" if lowered else "simulated"
+    simulated = any(isinstance(m, Quantize) for m in graph.model.modules())
+    notes["timed"] = "lowered" if lowered else "simulated" if simulated else "float"
     return graph, notes
 
 

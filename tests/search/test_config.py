@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from fxforge import ForgeGraph
 from fxforge.search import SearchError, TensorTask, load_config, search_from_config, worker
-from fxforge.search.objectives import OBJECTIVES, latency_ms, weight_bits
+from fxforge.search.objectives import OBJECTIVES, Measurement, latency_ms, weight_bits
 
 CONFIG: dict[str, Any] = {
     "search": {"study_name": "tiny", "n_trials": 2, "sampler": "random", "objectives": ["accuracy", "weight_bits"]},
@@ -99,7 +99,9 @@ def test_latency_objective_times_the_graph_on_the_tasks_batch() -> None:
     assert 20.0 <= latency_ms(graph, None) < 200.0
     task = TensorTask({"input": torch.randn(8, 4)}, torch.zeros(8, dtype=torch.long), batch_size=8)
     graph.model.get_submodule("0").seconds = 0.04
-    assert 40.0 <= OBJECTIVES["latency_ms"].measure(graph, task).value < 400.0  # type: ignore[union-attr]
+    measured = OBJECTIVES["latency_ms"].measure(graph, task)  # nothing quantized: the graph itself, noted "float"
+    assert isinstance(measured, Measurement) and 40.0 <= measured.value < 400.0
+    assert measured.notes["timed"] == "float"
     assert OBJECTIVES["latency_ms"].direction == "minimize"
     assert graph.model.training  # the timing ran in eval mode and restored the mode it found
 
