@@ -6,10 +6,15 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn as nn
+from conftest import bert_inputs, logits
 
+from fxforge import ForgeGraph
 from fxforge.graph.packed import PackedTensor, codec, codec_names
+from fxforge.passes.quantize import quantize_transform_pass
 from fxforge.passes.quantize.formats import get_format
-from fxforge.passes.quantize.packing import NotPackable, pack_weight, packed_bits, unpack
+from fxforge.passes.quantize.modules import QuantizedConv2d, QuantizedEmbedding, QuantizedLinear
+from fxforge.passes.quantize.packing import NotPackable, pack_layer_weight, pack_weight, packed_bits, unpack
 from fxforge.passes.quantize.packing_bits import pack_bits, stream_bytes, unpack_bits
 from fxforge.passes.quantize.quantizer import Quantize
 
@@ -319,3 +324,82 @@ def test_float_and_block_bytes_match_the_accounted_bits(spec: dict[str, Any]) ->
     p = pack_weight(q, w)
     accounted = get_format(spec["format"]).bits(q.params) * w.numel() / 8
     assert accounted <= p.nbytes <= 1.05 * accounted
+
+
+# -- weights of real quantized models --------------------------------------------------------------------------
+MODEL_FORMATS: list[dict[str, Any]] = [
+    {"name": "integer", "weight_width": 4, "weight_frac_width": "auto", "bias_width": 8, "bias_frac_width": 5},
+    {"name": "scaled_integer", "weight_width": 3, "weight_symmetric": False, "weight_granularity": "per_channel",
+     "bias_width": 8},
+    {"name": "minifloat", "weight_width": 8, "weight_exponent_width": 4, "weight_special": "fn",
+     "bias_width": 6, "bias_exponent_width": 3},
+    {"name": "block_fp", "weight_width": 5, "weight_exponent_width": 4, "weight_block_size": 24,
+     "bias_width": 8, "bias_block_size": 24},
+    {"name": "mxint", "weight_width": 4, "weight_block_size": 24, "bias_width": 8},
+    {"name": "mxfp", "weight_width": 4, "weight_exponent_width": 2, "weight_block_size": 24,
+     "bias_width": 6, "bias_exponent_width": 2},
+]
+
+
+def _swap_in_unpacked(mg: ForgeGraph) -> int:
+    """Replace every quantized parameter by its packed-and-unpacked value and switch its quantizer off;
+    returns how many were packed (each also checked against the quantizer alone)."""
+    count = 0
+    for module in mg.model.modules():
+        for role, q in list(getattr(module, "quantizers", dict)().items()):
+            param = getattr(module, role, None)
+            if role not in ("weight", "bias") or not isinstance(param, nn.Parameter):
+                continue
+            p = pack_layer_weight(module, role)
+            out = unpack(p)
+            view = param.flatten(1) if isinstance(module, QuantizedConv2d) and role == "weight" else param
+            assert torch.equal(out, q(view).reshape(param.shape)) and p.shape == tuple(param.shape)
+            with torch.no_grad():
+                param.copy_(out)
+            q.enabled = False
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("config", MODEL_FORMATS, ids=lambda c: c["name"])
+def test_tiny_bert_weights_unpack_to_the_simulated_model(bert_graph: ForgeGraph, config: dict[str, Any]) -> None:
+    rule = {"config": config}
+    mg, info = quantize_transform_pass(bert_graph.copy(), {"by": "type", "linear": rule, "embedding": rule,
+                                                           "layer_norm": rule})
+    assert info["by_op"]["embedding"] == 3 and info["by_op"]["linear"] > 0 and info["by_op"]["layer_norm"] > 0
+    inputs = bert_inputs(batch=2, seq=9)
+    ref = logits(mg, inputs)
+    layers = [m for m in mg.model.modules() if isinstance(m, (QuantizedLinear, QuantizedEmbedding))]
+    assert len(layers) == info["by_op"]["linear"] + 3
+    packed = _swap_in_unpacked(mg)
+    assert packed >= 2 * len(layers)  # weights and biases, layer norms included
+    assert torch.equal(logits(mg, inputs), ref)  # the same products as the simulated model, bit for bit
+
+
+class _Convs(nn.Module):
+    """Two conv layers whose flattened kernels (3 * 3 * 3 = 27, 16 * 1 * 1) leave partial blocks of 16/32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.c2 = nn.Conv2d(16, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(torch.relu(self.c1(x)))
+
+
+@pytest.mark.parametrize("config", MODEL_FORMATS, ids=lambda c: c["name"])
+def test_conv2d_weights_unpack_to_the_simulated_model(config: dict[str, Any]) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    mg = ForgeGraph(_Convs().eval(), example_inputs=(x,), frontend="fx")
+    mg, info = quantize_transform_pass(mg, {"by": "type", "conv2d": {"config": config}})
+    assert info["by_op"] == {"conv2d": 2}
+    with torch.no_grad():
+        ref = mg(x)
+    convs = [m for m in mg.model.modules() if isinstance(m, QuantizedConv2d)]
+    p = pack_layer_weight(convs[0])
+    assert p.shape == (16, 3, 3, 3) and p.params["flatten_from"] == 1
+    assert _swap_in_unpacked(mg) == 4
+    with torch.no_grad():
+        assert torch.equal(mg(x), ref)
