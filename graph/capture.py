@@ -10,6 +10,7 @@ train mode refused (graph/training_only, graph/training_guard). A model that can
 from __future__ import annotations
 
 import functools
+import inspect
 import linecache
 import re
 import traceback
@@ -171,7 +172,7 @@ def _trace_fx(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
     return fx.GraphModule(tracer.root, graph, class_name=type(model).__name__)
 
 
-def _dynamic_shapes(example: ExampleInputs) -> tuple[Any, ...] | dict[str, Any]:
+def _dynamic_shapes(example: ExampleInputs, model: nn.Module) -> tuple[Any, ...] | dict[str, Any]:
     def spec(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return {i: torch.export.Dim.AUTO for i in range(v.dim())}
@@ -179,13 +180,19 @@ def _dynamic_shapes(example: ExampleInputs) -> tuple[Any, ...] | dict[str, Any]:
 
     if example.kwargs and not example.args:
         return {k: spec(v) for k, v in example.kwargs.items()}
-    return (*[spec(v) for v in example.args], *[spec(v) for v in example.kwargs.values()])
+    specs = [spec(v) for v in example.args]
+    # torch.export binds the args to forward's signature: a ``*args`` parameter takes its specs as one tuple
+    params = list(inspect.signature(model.forward).parameters.values())
+    star = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    if star is not None and star <= len(specs):
+        specs = [*specs[:star], tuple(specs[star:])]
+    return (*specs, *[spec(v) for v in example.kwargs.values()])
 
 
 def _trace_export(model: nn.Module, example: ExampleInputs,
                   dynamic: bool) -> tuple[fx.GraphModule, tuple[tuple[str, ...], list[Any], list[str]]]:
     """The exported module and its shape guards (names, checks, notes; see graph/guards)."""
-    shapes = _dynamic_shapes(example) if dynamic else None
+    shapes = _dynamic_shapes(example, model) if dynamic else None
     if isinstance(shapes, tuple) and example.kwargs:
         shapes = None  # mixed args/kwargs: let export infer static shapes
     with DropoutTracing():  # dropout traced by cheap stand-in ops (graph/dropout_tracing)

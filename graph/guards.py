@@ -31,6 +31,7 @@ __all__ = ["ShapeGuardError", "check_input_shapes", "validate_checks", "guard_sp
 GUARD_NODE = "fxforge_shape_guard"
 _ALIAS_OPS = {"slice", "alias", "detach", "clone", "contiguous"}
 _WHY_CHARS = 400  # an expression guard's text kept as its reason (Swin's run to 5,000 characters)
+_ITEM_REF = re.compile(r"L\['(\w+)'\]\[(\d+)\]")
 _SIZE_REF = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
 _GUARD = re.compile(r"^L\['(\w+)'\]\.size\(\)\[(\d+)\] (==|<=|>=|<|>) (?:(-?\d+)|L\['(\w+)'\]\.size\(\)\[(\d+)\])$")
 
@@ -204,6 +205,16 @@ def _implied(checks: list[tuple[Any, ...]], i: int, d: int, op: str, v: int) -> 
     return False
 
 
+def _flat_refs(code: str, index: dict[str, int]) -> str:
+    """A guard's references to an element of a tuple input (``L['cache'][0]``, a ``*cache`` parameter) renamed to
+    the placeholder torch.export flattened it into (``L['cache_0']``), so the guard is kept like any other."""
+    while True:
+        new = _ITEM_REF.sub(lambda m: f"L['{m[1]}_{m[2]}']" if f"{m[1]}_{m[2]}" in index else m[0], code)
+        if new == code:
+            return code
+        code = new
+
+
 def guard_spec(gm: fx.GraphModule, range_constraints: dict[Any, Any], guards_code: Sequence[str],
                dynamic: bool) -> tuple[tuple[str, ...], list[tuple[Any, ...]], list[str]]:
     """(input names, checks, notes) for the export-captured ``gm``: specialisations, proven ranges, equal
@@ -248,6 +259,7 @@ def guard_spec(gm: fx.GraphModule, range_constraints: dict[Any, Any], guards_cod
             else:
                 notes.append(f"shape guard: {names[i]} dimension {d} = {expr} is a derived size; not checked")
     for code in guards_code:
+        code = _flat_refs(code, index)
         m = _GUARD.match(code.strip())
         if m is None or m.group(1) not in index or (m.group(5) is not None and m.group(5) not in index):
             _keep_expression(code, placeholders, index, checks, notes)
