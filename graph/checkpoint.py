@@ -33,6 +33,7 @@ from .checkpoint_load import (
     load_checkpoint,
     reference_outputs,
 )
+from .checkpoint_packed import PackPlan, packed_json, plan_packing
 from .checkpoint_values import check_node_name, check_path, encode_value, join
 from .known_ops import op_schema
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
@@ -49,31 +50,18 @@ if TYPE_CHECKING:
 __all__ = ["CHECKPOINT_SCHEMA_VERSION", "CheckpointError", "load_checkpoint", "reference_outputs", "save_checkpoint"]
 
 # -- saving ---------------------------------------------------------------------------------------------
-def _collect_state(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Module tree (allowlisted classes + configs), tensor roles with aliases, and the tensors to store."""
+def _collect_state(gm: fx.GraphModule, pack: bool = True) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Module tree (allowlisted classes + configs), tensor roles with aliases, and the tensors to store;
+    with ``pack``, quantized layers' tensors as their packed parts (graph/checkpoint_packed)."""
     modules: list[dict[str, Any]] = []
     module_aliases: dict[str, str] = {}
     flags: dict[str, bool] = {}
-    entries: list[dict[str, Any]] = []
-    stored: dict[str, torch.Tensor] = {}
-    seen: dict[int, str] = {}  # id of a module or tensor → its first (canonical) path
-
-    def record(name: str, t: torch.Tensor, kind: str, **extra: Any) -> None:
-        check_path(name, "tensor names")
-        if type(t) not in (torch.Tensor, nn.Parameter) or t.layout != torch.strided or t.is_meta:
-            raise CheckpointError(f"tensor {name!r} ({type(t).__name__}, {t.layout}) cannot be stored: only "
-                                  "dense tensors with real data are supported")
-        entries.append({"name": name, "kind": kind, **extra, "shape": list(t.shape), "dtype": dtype_name(t.dtype)})
-        if id(t) in seen:
-            entries[-1]["alias_of"] = seen[id(t)]
-        else:
-            order = dim_order(t)  # a permuted view is stored in memory order and loaded as the same view
-            if order is not None:
-                entries[-1]["dim_order"] = order
-            seen[id(t)], stored[name] = name, to_stored(t, order)
+    pending: list[tuple[str, torch.Tensor, str, dict[str, Any], nn.Module, str]] = []
+    recorded: dict[int, tuple[nn.Module, dict[str, Any]]] = {}  # id(module) -> module, its modules[] entry
+    seen_modules: dict[int, str] = {}
 
     def visit(mod: nn.Module, path: str, owned: bool) -> None:
-        seen[id(mod)] = path
+        seen_modules[id(mod)] = path
         if path and not owned:  # modules inside a configured module are rebuilt by its from_config
             check_path(path, "module tree")
             try:
@@ -82,27 +70,79 @@ def _collect_state(gm: fx.GraphModule) -> tuple[dict[str, Any], dict[str, torch.
                 raise CheckpointError(f"module {path!r}: {exc}") from None
             modules.append({"path": path, "class": spec.name,
                             "config": None if spec.to_config is None else spec.to_config(mod)})
+            recorded[id(mod)] = (mod, modules[-1])
             owned = not spec.container
         flags[path] = mod.training
         for name, p in mod._parameters.items():
             if p is not None:
-                record(join(path, name), p, "parameter", requires_grad=p.requires_grad)
+                pending.append((join(path, name), p, "parameter", {"requires_grad": p.requires_grad}, mod, name))
         for name, b in mod._buffers.items():
             if b is not None:
-                record(join(path, name), b, "buffer", persistent=name not in mod._non_persistent_buffers_set)
+                pending.append((join(path, name), b, "buffer",
+                                {"persistent": name not in mod._non_persistent_buffers_set}, mod, name))
         for name, c in vars(mod).items():
             if isinstance(c, torch.Tensor):
-                record(join(path, name), c, "constant")
+                pending.append((join(path, name), c, "constant", {}, mod, name))
         for name, child in mod._modules.items():
-            if child is not None and id(child) in seen:
-                module_aliases[join(path, name)] = seen[id(child)]
+            if child is not None and id(child) in seen_modules:
+                module_aliases[join(path, name)] = seen_modules[id(child)]
             elif child is not None:
                 visit(child, join(path, name), owned)
 
     visit(gm, "", False)
+    plan = PackPlan()
+    if pack:
+        direct = {id(t) for n in gm.graph.nodes if n.op == "get_attr"
+                  for t in [_attr_tensor(gm, str(n.target))] if t is not None}
+        uses = [(name.rpartition(".")[0], mod, attr, t) for name, t, _, _, mod, attr in pending]
+        plan = plan_packing(uses, direct, {i for i in recorded if i != id(gm)})
+    for mid, (packer, attrs) in plan.marks.items():
+        mod, entry = recorded[mid]
+        entry["config"] = packer.mark(mod, entry["config"], frozenset(attrs))
+    entries, stored = _record_tensors(pending, plan)
     state = {"modules": modules, "module_aliases": module_aliases, "tensors": entries, "training": flags[""],
              "training_exceptions": {p: f for p, f in flags.items() if f != flags[""]}}
     return state, stored
+
+
+def _attr_tensor(gm: fx.GraphModule, target: str) -> torch.Tensor | None:
+    """The tensor a get_attr node reads (None for anything else)."""
+    owner, _, attr = target.rpartition(".")
+    try:
+        value = getattr(gm.get_submodule(owner), attr, None)
+    except AttributeError:
+        return None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _record_tensors(pending: list[tuple[str, torch.Tensor, str, dict[str, Any], nn.Module, str]],
+                    plan: PackPlan) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+    """graph.json's tensor entries (aliases of a tensor seen earlier by name) and the tensors to store."""
+    entries: list[dict[str, Any]] = []
+    stored: dict[str, torch.Tensor] = {}
+    seen: dict[int, str] = {}  # id of a tensor -> its first (canonical) path
+    for name, t, kind, extra, _, _ in pending:
+        check_path(name, "tensor names")
+        if type(t) not in (torch.Tensor, nn.Parameter) or t.layout != torch.strided or t.is_meta:
+            raise CheckpointError(f"tensor {name!r} ({type(t).__name__}, {t.layout}) cannot be stored: only "
+                                  "dense tensors with real data are supported")
+        entries.append({"name": name, "kind": kind, **extra, "shape": list(t.shape), "dtype": dtype_name(t.dtype)})
+        if id(t) in seen:
+            entries[-1]["alias_of"] = seen[id(t)]
+            continue
+        seen[id(t)] = name
+        record = plan.records.get(id(t))
+        if record is not None:
+            entries[-1]["packed"], parts = packed_json(name, record)
+            stored.update(parts)
+            continue
+        if id(t) in plan.reasons:
+            entries[-1]["unpacked"] = plan.reasons[id(t)]
+        order = dim_order(t)  # a permuted view is stored in memory order and loaded as the same view
+        if order is not None:
+            entries[-1]["dim_order"] = order
+        stored[name] = to_stored(t, order)
+    return entries, stored
 
 
 def _safetensors_bytes(tensors: dict[str, torch.Tensor], what: str) -> bytes:
@@ -159,14 +199,18 @@ def _node_json(node: fx.Node, gm: fx.GraphModule, tensor_names: set[str]) -> dic
             **({"schema": schema} if schema else {})}  # ops outside aten/prims: checked against the live op
 
 
-def save_checkpoint(mg: ForgeGraph, path: str | Path) -> Path:
+def save_checkpoint(mg: ForgeGraph, path: str | Path, pack: bool = True) -> Path:
     """Write ``mg`` as a pickle-free checkpoint directory at ``path`` (dots allowed); returns the path.
+
+    With ``pack`` (default) every quantized layer's weight a codec reproduces exactly is stored at its format's
+    width and reloads as those quantized values, passed through by its quantizer (for inference, or
+    fine-tuning from the quantized values); ``pack=False`` keeps the float weights (QAT from them).
 
     Fails, writing nothing, with CheckpointError when the graph uses a target, module class or value
     that the allowlist in :mod:`fxforge.graph.targets` cannot name.
     """
     path, gm = Path(path), mg.model
-    state, tensors = _collect_state(gm)
+    state, tensors = _collect_state(gm, pack)
     nodes = [_node_json(n, gm, {e["name"] for e in state["tensors"]}) for n in gm.graph.nodes]
     reach = StoredReach(gm)  # the loader's rule, checked before anything is written
     for n in gm.graph.nodes:

@@ -21,11 +21,13 @@ from torch.utils._pytree import TreeSpec
 
 from . import targets
 from .atomic import loads_json, read_verified
+from .checkpoint_packed import decode_packed
 from .checkpoint_values import Env, check_node_name, check_path, decode_value, join
 from .inputs import ExampleInputs
 from .limits import check_graph_size
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import NodeMeta, set_meta
+from .packed import PackedTensor, packers
 from .stored_writes import StoredReach
 from .targets import CheckpointError, is_identifier
 from .tensor_layout import from_stored
@@ -35,8 +37,9 @@ if TYPE_CHECKING:
     from .forge_graph import ForgeGraph
 
 FORMAT = "fxforge-checkpoint"
-CHECKPOINT_SCHEMA_VERSION = 3  # 3: every tensor's shape and dtype recorded; 2: pytree structure in fxforge's
-READABLE_VERSIONS = (1, 2, 3)    # schema; 1: torch treespec JSON (translated)
+CHECKPOINT_SCHEMA_VERSION = 4  # 4: quantized layers' tensors packed (graph/checkpoint_packed); 3: every tensor's
+READABLE_VERSIONS = (1, 2, 3, 4)  # shape and dtype recorded; 2: pytree structure in fxforge's schema; 1: torch
+#                                   treespec JSON (translated)
 GRAPH, METADATA, WEIGHTS, INPUTS = "graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors"
 OUTPUTS = "reference_outputs.safetensors"  # optional: graph/reference_outputs, checked by `fxforge verify`
 DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS, OUTPUTS)
@@ -119,24 +122,35 @@ def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, 
     """Attach parameters, buffers and constants, re-tying aliases; every stored tensor must be used and have
     the shape and dtype graph.json records, and a configured module's tensors those its config built."""
     made: dict[str, torch.Tensor] = {}
+    used: set[str] = set()  # stored keys read (tensors and packed parts)
+    decoded: dict[str, PackedTensor] = {}
     for i, e in enumerate(doc["tensors"]):
         name, kind, alias = e["name"], e["kind"], e.get("alias_of")
         *parents, attr = check_path(name, "tensors")
         owner = gm.get_submodule(".".join(parents))
         if alias is not None and alias not in made:
             raise CheckpointError(f"tensor {name!r} is an alias of unknown tensor {alias!r}")
-        if alias is None and name not in weights:
-            raise CheckpointError(f"{wpath}: tensor {name!r} is missing")
-        value = made[alias] if alias is not None else \
-            from_stored(weights[name], e.get("dim_order"), e.get("shape"), f"{wpath}: tensor {name!r}")
         declared = getattr(owner, attr, None) if attr in (*owner._parameters, *owner._buffers) else None
-        if id(owner) in configured:
-            if not isinstance(declared, torch.Tensor):
-                raise CheckpointError(f"tensor {name!r}: module {type(owner).__name__} built from its config has "
-                                      f"no {kind} {attr!r}")
-            if (tuple(declared.shape), declared.dtype) != (tuple(value.shape), value.dtype):
-                raise CheckpointError(f"{wpath}: tensor {name!r} is {tuple(value.shape)} {value.dtype}, its module "
-                                      f"declares {tuple(declared.shape)} {declared.dtype}")
+        if id(owner) in configured and not isinstance(declared, torch.Tensor):
+            raise CheckpointError(f"tensor {name!r}: module {type(owner).__name__} built from its config has "
+                                  f"no {kind} {attr!r}")
+        if "packed" in e and (version < 4 or alias is not None):
+            raise CheckpointError(f"tensor {name!r}: packed records need schema 4 and cannot be aliases")
+        if alias is not None:
+            value = made[alias]
+        elif "packed" in e:
+            value, decoded[name] = decode_packed(name, e, weights, None if declared is None else
+                                                 tuple(declared.shape), f"{wpath}: tensor {name!r}")
+            used.update(e["packed"]["parts"].values())
+        elif name not in weights:
+            raise CheckpointError(f"{wpath}: tensor {name!r} is missing")
+        else:
+            value = from_stored(weights[name], e.get("dim_order"), e.get("shape"), f"{wpath}: tensor {name!r}")
+            used.add(name)
+        if isinstance(declared, torch.Tensor) and id(owner) in configured \
+                and (tuple(declared.shape), declared.dtype) != (tuple(value.shape), value.dtype):
+            raise CheckpointError(f"{wpath}: tensor {name!r} is {tuple(value.shape)} {value.dtype}, its module "
+                                  f"declares {tuple(declared.shape)} {declared.dtype}")
         _check_record(i, e, value, wpath, version)
         if kind == "parameter":
             if not isinstance(value, nn.Parameter):
@@ -151,7 +165,11 @@ def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, 
         else:
             raise CheckpointError(f"tensor {name!r}: bad kind {kind!r} or it clashes with an attribute")
         made[name] = value
-    unused = sorted(set(weights) - set(made))
+        source = decoded.get(alias if alias is not None else name)
+        if source is not None:  # the layer keeps the record, so saving it unchanged stores the same bytes
+            for p in packers():
+                p.loaded(owner, attr, source)
+    unused = sorted(set(weights) - used)
     if unused:
         raise CheckpointError(f"{wpath}: holds tensors graph.json does not mention: {unused[:5]}")
     for mname, mod in gm.named_modules(remove_duplicate=False):

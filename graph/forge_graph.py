@@ -225,11 +225,12 @@ class ForgeGraph:
         return new
 
     # -- persistence and drawing ----------------------------------------------------------------
-    def export(self, path: str | Path) -> Path:
-        """Write a pickle-free checkpoint directory (see graph/checkpoint)."""
+    def export(self, path: str | Path, pack: bool = True) -> Path:
+        """Write a pickle-free checkpoint directory (see graph/checkpoint); ``pack=False`` keeps quantized layers'
+        float weights (for QAT) instead of storing them at their format's width."""
         from .checkpoint import save_checkpoint
 
-        return save_checkpoint(self, path)
+        return save_checkpoint(self, path, pack)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, expected_sha256: str | None = None) -> ForgeGraph:

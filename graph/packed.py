@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn as nn
 
-__all__ = ["Codec", "PackedTensor", "PartSpec", "codec", "codec_names", "register_codec"]
+__all__ = ["Codec", "PackedTensor", "Packer", "PartSpec", "Unpacked", "codec", "codec_names", "packers",
+           "register_codec", "register_packer"]
 
 PartSpec = tuple[torch.dtype, tuple[int, ...]]  # a part's exact dtype and shape
 
@@ -71,3 +73,43 @@ def codec(name: Any) -> Codec:
 def codec_names() -> list[str]:
     """Names of the registered codecs."""
     return sorted(_CODECS)
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A tensor a packer recognises (a quantized layer's weight) but stores fp32: ``reason`` says why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Packer:
+    """How a checkpoint stores the tensors of modules a pass inserted (quantized layers) at their width.
+
+    ``pack(module, attr, tensor)`` returns the :class:`PackedTensor` whose decoded values ``module`` uses
+    exactly as it uses ``tensor``, an :class:`Unpacked` reason, or None for a use it does not know;
+    ``mark(module, config, attrs)`` returns ``module``'s checkpoint config once ``attrs`` are stored packed
+    (e.g. its quantizers pass those decoded values through); ``loaded(module, attr, packed)`` is told what a
+    checkpoint decoded, so saving the unchanged tensor again stores the very same record.
+    """
+
+    name: str
+    pack: Callable[[nn.Module, str, torch.Tensor], PackedTensor | Unpacked | None]
+    mark: Callable[[nn.Module, dict[str, Any], frozenset[str]], dict[str, Any]]
+    loaded: Callable[[nn.Module, str, PackedTensor], None]
+
+
+_PACKERS: dict[str, Packer] = {}
+
+
+def register_packer(p: Packer) -> Packer:
+    """Add a packer checkpoints consult when saving (a name registers once)."""
+    if p.name in _PACKERS and _PACKERS[p.name] is not p:
+        raise ValueError(f"tensor packer {p.name!r} is already registered")
+    _PACKERS[p.name] = p
+    return p
+
+
+def packers() -> list[Packer]:
+    """The registered packers, in registration order."""
+    return list(_PACKERS.values())
