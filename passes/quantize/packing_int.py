@@ -128,6 +128,9 @@ def unpack(packed: PackedTensor) -> torch.Tensor:
 def _codes(c: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """Integer-valued float32 codes as int64 in [lo, hi]: above 2^24 float32 rounds ``hi`` up (2^31 - 1 is
     2^31), and converting the clipped ``hi`` back to float32 rounds it up again, so nothing is lost."""
+    if torch.isnan(c).any():
+        raise NotPackable("the quantized weight holds NaN (an infinite weight makes a scaled integer's scale "
+                          "infinite), which integer codes cannot represent")
     return c.to(torch.int64).clamp(lo, hi)
 
 

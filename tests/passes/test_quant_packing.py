@@ -127,6 +127,13 @@ def test_integer_nan_is_not_packable() -> None:
     for spec in ({"format": "integer", "width": 8, "frac_width": 4}, {"format": "scaled_integer", "width": 8}):
         with pytest.raises(NotPackable, match="NaN"):
             pack_weight(_quantizer(spec), w)
+    w[3, 3] = float("inf")  # an infinite scale: the scaled integer quantizer returns NaN for the tensor
+    q = _quantizer({"format": "scaled_integer", "width": 8})
+    assert torch.isnan(q(w)).all()
+    with pytest.raises(NotPackable, match="infinite"):
+        pack_weight(q, w)
+    q = _quantizer({"format": "integer", "width": 8, "frac_width": "auto"})  # auto fixed point saturates it
+    assert torch.equal(unpack(pack_weight(q, w)), q(w))
 
 
 def test_refuses_what_it_cannot_store_exactly() -> None:
