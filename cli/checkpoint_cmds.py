@@ -25,10 +25,12 @@ def verify(
     = None,
 ) -> None:
     """Check manifest hashes, the target allowlist, reload, a run on the example inputs, and recorded outputs;
-    prints the manifest's SHA-256 (the digest to publish and pin)."""
+    prints the manifest's SHA-256 (the digest to publish and pin) and the weight bytes stored (packed and
+    unpacked) beside the graph's accounted weight_bits / 8."""
     from ..graph.verify import verify_checkpoint
+    from ..search.objectives import weight_bits
 
-    report, _ = verify_checkpoint(_checkpoint(ckpt), expected_sha256=expected_sha256)
+    report, _ = verify_checkpoint(_checkpoint(ckpt), expected_sha256=expected_sha256, weight_bits=weight_bits)
     typer.echo(report.text())
     if not report.ok:
         failed = next(c for c in report.checks if c.status == "failed")
