@@ -41,8 +41,6 @@ NATIVE_MAX_ROWS = 32  # beyond this many rows (prefill) the work is compute-boun
 MIN_WORK_PER_THREAD = 1 << 17  # multiply-adds below which a second thread costs more than it saves
 Backend = Literal["auto", "native", "reference"]
 _forced: list[Backend] = ["auto"]
-_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
 
 
 # -- building and loading the C++ kernel ------------------------------------------------------------
@@ -98,7 +96,9 @@ def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))  # after ``import torch``: its libgomp is the one the kernel binds to
     lib.woq_int8_cpu_ok.restype = ctypes.c_int
     lib.woq_int8_linear_f32.restype = None
-    lib.woq_int8_linear_f32.argtypes = _ARGTYPES
+    lib.woq_int8_linear_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int]  # x, M, K, w, scale, bias|NULL, y, N, threads
     return lib
 
 
