@@ -2,6 +2,7 @@
 each transform's numerical contract checked after it runs, replayable from a checkpoint's history."""
 
 from .compression import QAT_ORDER, STANDARD_ORDER, CompressionPipeline
+from .generation import generate
 from .pipeline import PIPELINE_RECORD, ContractViolation, Pipeline
 from .presets import PRESETS
 from .report import PipelineReport, StepReport
@@ -22,4 +23,5 @@ __all__ = [
     "PipelineReport",
     "Step",
     "StepReport",
+    "generate",
 ]
