@@ -4,6 +4,10 @@
     result = Search(MixedPrecisionSpace({"integer": {"width": [4, 8], "frac_width": [2, 4]}}),
                     objectives=["accuracy", "avg_weight_bits"], base=mg, task=task, n_trials=20).run()
     print(result.table())
+
+Objectives (search/objectives.py): accuracy, latency_ms (timed on the lowered model where a lowering
+applies), checkpoint_bytes (measured size of the exported weights file), weight_bits / avg_weight_bits
+(accounted), param_count.
 """
 
 from .compression import JointSpace, LoRARankSpace, PruningSpace
@@ -11,7 +15,7 @@ from .config import load_config, search_from_config
 from .errors import SearchError
 from .local_postgres import LocalPostgres, postgres_available
 from .nas import NASSpace
-from .objectives import OBJECTIVES, Constraint, Objective
+from .objectives import OBJECTIVES, Constraint, Measurement, Objective
 from .precision import MixedPrecisionSpace
 from .results import SearchResult, pareto_front
 from .runner import PRUNERS, SAMPLERS, Search
@@ -22,7 +26,7 @@ from .worker import worker
 
 __all__ = [
     "OBJECTIVES", "PRUNERS", "SAMPLERS", "Constraint", "JointSpace", "LoRARankSpace", "LocalPostgres",
-    "MixedPrecisionSpace", "NASSpace", "Objective", "PruningSpace", "Search", "SearchError", "SearchResult",
-    "SearchSpace", "StorageSpec", "Task", "TensorTask", "TextClassificationTask", "TrialPlan", "load_config",
-    "pareto_front", "postgres_available", "search_from_config", "space_from_spec", "worker",
+    "Measurement", "MixedPrecisionSpace", "NASSpace", "Objective", "PruningSpace", "Search", "SearchError",
+    "SearchResult", "SearchSpace", "StorageSpec", "Task", "TensorTask", "TextClassificationTask", "TrialPlan",
+    "load_config", "pareto_front", "postgres_available", "search_from_config", "space_from_spec", "worker",
 ]
