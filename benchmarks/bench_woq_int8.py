@@ -7,7 +7,12 @@ small shapes). Variants run interleaved (benchmarks/timing.py); medians, ratios 
 The ceiling printed first: weight bytes per call over the measured read bandwidth. The last table
 weights the shapes by how often a decode step runs them (12 layers x q/k/v/o, gate/up, down + the head).
 
-    .venv/bin/python -m fxforge.benchmarks.bench_woq_int8 [--quick] [--rows 1 8] [--repeats 31] [--compile]
+    .venv/bin/python -m fxforge.benchmarks.bench_woq_int8 [--quick] [--rows 1 8] [--repeats 31] [--threads N]
+        [--compile]
+
+On a machine loaded by other processes, a 2-thread call whose OpenMP worker has gone to sleep can wait a
+whole scheduler slice (~25 ms measured here with load 11 on 2 cores) for it: medians then show the load,
+not the kernels; ``--threads 1`` or a quiet machine shows the kernels.
 
 ``--compile`` adds Inductor's weight-only int8 path (``torch.compile`` of ``F.linear(x, w.to(x.dtype)) * scale``,
 the pattern its int8 weight-only lowering matches; ~30 s to compile per shape).
@@ -105,7 +110,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--compile", action="store_true", help="add Inductor's weight-only int8 (torch.compile)")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads for every variant (0: as is)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows, repeats = ([1], 15) if args.quick else (args.rows, args.repeats)
     if W.native_library() is None:
         print("WARNING: the C++ kernel is unavailable here: 'fxforge int8' runs ATen's reference")
