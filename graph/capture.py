@@ -172,7 +172,7 @@ def _trace_fx(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
     return fx.GraphModule(tracer.root, graph, class_name=type(model).__name__)
 
 
-def _dynamic_shapes(example: ExampleInputs, model: nn.Module) -> tuple[Any, ...] | dict[str, Any]:
+def _dynamic_shapes(example: ExampleInputs, model: nn.Module | None = None) -> tuple[Any, ...] | dict[str, Any]:
     def spec(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return {i: torch.export.Dim.AUTO for i in range(v.dim())}
@@ -182,7 +182,7 @@ def _dynamic_shapes(example: ExampleInputs, model: nn.Module) -> tuple[Any, ...]
         return {k: spec(v) for k, v in example.kwargs.items()}
     specs = [spec(v) for v in example.args]
     # torch.export binds the args to forward's signature: a ``*args`` parameter takes its specs as one tuple
-    params = list(inspect.signature(model.forward).parameters.values())
+    params = list(inspect.signature(model.forward).parameters.values()) if model is not None else []
     star = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
     if star is not None and star <= len(specs):
         specs = [*specs[:star], tuple(specs[star:])]

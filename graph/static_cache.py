@@ -111,7 +111,7 @@ def _layer_class() -> type:
     transformers is slow and noisy, and only static-cache capture needs it)."""
     from transformers.cache_utils import CacheLayerMixin
 
-    class FunctionalStaticLayer(CacheLayerMixin):  # type: ignore[misc]  # transformers is untyped here
+    class FunctionalStaticLayer(CacheLayerMixin):
         """One layer's static cache as values: ``update`` writes the step's keys and values at the step's
         positions into copies (index_copy) and returns them; the graph outputs them."""
 
@@ -128,18 +128,24 @@ def _layer_class() -> type:
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            self.keys = self.keys.index_copy(2, self.positions, key_states.to(self.keys.dtype))
-            self.values = self.values.index_copy(2, self.positions, value_states.to(self.values.dtype))
+            keys, values = self._kv()
+            self.keys = keys.index_copy(2, self.positions, key_states.to(keys.dtype))
+            self.values = values.index_copy(2, self.positions, value_states.to(values.dtype))
+            return self.keys, self.values
+
+        def _kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+            if self.keys is None or self.values is None:
+                raise RuntimeError("FunctionalStaticLayer holds no cache tensors")
             return self.keys, self.values
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return int(self.keys.shape[2]), 0
+            return int(self._kv()[0].shape[2]), 0
 
         def get_seq_length(self) -> Any:
             return self.positions[0]
 
         def get_max_length(self) -> int:
-            return int(self.keys.shape[2])
+            return int(self._kv()[0].shape[2])
 
     return FunctionalStaticLayer
 
@@ -179,16 +185,22 @@ def _probe_spec(lm: nn.Module, batch: int, max_cache_len: int) -> StaticCacheSpe
     projections and head_dim overrides need no per-family code); refuses sliding-window layers."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    config = lm.config  # type: ignore[union-attr]
+    config: Any = lm.config
     probe = DynamicCache(config=config)
     with torch.no_grad():
         lm(input_ids=torch.zeros(batch, 1, dtype=torch.long), cache=probe, use_cache=True)
     kinds = {type(layer).__name__ for layer in probe.layers if type(layer) is not DynamicLayer}
-    if kinds or not probe.layers:
+    kv = [(x.keys, x.values) for x in probe.layers if isinstance(x, DynamicLayer)]
+    if kinds or not kv:
         raise ValueError(f"static cache capture supports full-attention layers only; {type(lm).__name__} has "
                          f"{sorted(kinds) or 'no cache layers'}")
-    layers = tuple((int(x.keys.shape[1]), int(x.keys.shape[-1]), int(x.values.shape[-1])) for x in probe.layers)
-    dtype = next(name for name, d in _DTYPES.items() if d == probe.layers[0].keys.dtype)
+    shapes = [(k.shape, v.shape) for k, v in kv if k is not None and v is not None]
+    if len(shapes) != len(kv):
+        raise ValueError(f"{type(lm).__name__} left a cache layer unwritten in one step: not a plain decoder")
+    layers = tuple((int(k[1]), int(k[-1]), int(v[-1])) for k, v in shapes)
+    dtype = next((name for name, d in _DTYPES.items() if kv[0][0] is not None and d == kv[0][0].dtype), "")
+    if not dtype:
+        raise ValueError(f"static cache capture supports cache dtypes {list(_DTYPES)}")
     eos = getattr(getattr(lm, "generation_config", None), "eos_token_id", None)
     eos_ids = tuple(int(e) for e in ([] if eos is None else [eos] if isinstance(eos, int) else eos))
     return StaticCacheSpec(batch=batch, max_cache_len=max_cache_len, layers=layers, dtype=dtype, eos_token_ids=eos_ids)
@@ -205,7 +217,7 @@ def capture_static_cache(model: nn.Module, max_cache_len: int, batch: int = 1, e
                          "example would fix T to 1")
     spec = _probe_spec(model, batch, max_cache_len)
     step = StaticCacheLM(model).eval()
-    vocab = int(getattr(model.config, "vocab_size", 2))  # type: ignore[union-attr]
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 2))
     gen = torch.Generator().manual_seed(0)
     example = (torch.randint(0, vocab, (batch, example_len), generator=gen), torch.arange(example_len),
                *spec.empty())
