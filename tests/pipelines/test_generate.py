@@ -101,3 +101,10 @@ def test_bad_requests_are_refused_with_the_remedy(models: Any) -> None:
     with pytest.raises(ValueError, match="non-empty"):
         generate(mg, [], 4)
     assert torch.equal(generate(mg, [5, 6], 0), torch.tensor([[5, 6]]))
+
+
+def test_a_batch_of_equal_length_prompts_equals_hf() -> None:
+    lm = tiny_hf("llama", seed=3)
+    mg = capture_static_cache(lm, 24, batch=2)
+    prompt = torch.randint(1, 100, (2, 5), generator=torch.Generator().manual_seed(7))
+    assert torch.equal(generate(mg, prompt, 16, eos_token_ids=[]), _hf(lm, prompt, 16, eos_token_id=None))
