@@ -32,6 +32,7 @@ from .quantize import (
     calibrate_analysis_pass,
     calibrate_transform_pass,
     lower_int8_transform_pass,
+    lower_weight_only_transform_pass,
     quantization_report_analysis_pass,
     quantize_transform_pass,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "calibrate_transform_pass",
     "quantization_report_analysis_pass",
     "lower_int8_transform_pass",
+    "lower_weight_only_transform_pass",
     "prune_transform_pass",
     "shrink_transform_pass",
     "fuse_kernels_transform_pass",

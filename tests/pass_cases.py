@@ -18,6 +18,7 @@ from fxforge.passes import PASSES
 INT8_LINEAR = {"by": "type", "linear": {"config": {"name": "scaled_integer", "data_in_width": 8,
                                                    "data_in_dynamic": False, "data_in_symmetric": False,
                                                    "weight_width": 8, "weight_granularity": "per_channel"}}}
+MXINT4_LINEAR = {"by": "type", "linear": {"config": {"name": "mxint", "weight_width": 4, "weight_block_size": 32}}}
 FIXED_LINEAR = {"by": "type", "linear": {"config": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
                                                     "weight_width": 8, "weight_frac_width": 6}}}
 
@@ -55,6 +56,7 @@ CASES: dict[str, PassCase] = {
     "calibrate_transform_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8,)),
     "quantization_report_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8, _CALIBRATE)),
     "lower_int8_transform_pass": PassCase(_none, (_QUANTIZE_INT8, _CALIBRATE)),
+    "lower_weight_only_transform_pass": PassCase(_none, (("quantize_transform_pass", lambda d: MXINT4_LINEAR),)),
     "causality_analysis_pass": PassCase(lambda d: {"jacobian_len": 4, "positions": [3]}),
     "profile_analysis_pass": PassCase(lambda d: {"runs": 1}, (("init_metadata_analysis_pass", _none),)),
     "liveness_analysis_pass": PassCase(_none, (("init_metadata_analysis_pass", _none),)),

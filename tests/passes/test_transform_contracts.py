@@ -23,6 +23,7 @@ INT8 = {"by": "type", "linear": {"config": {"name": "scaled_integer", "data_in_w
 STATIC = {"by": "type", "linear": {"config": {"name": "scaled_integer", "data_in_width": 8, "weight_width": 8}}}
 MIXED = {**INT8, "matmul": {"config": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 5,
                                        "weight_width": 8, "weight_frac_width": 5}}}
+MXINT4 = {"by": "type", "linear": {"config": {"name": "mxint", "weight_width": 4, "weight_block_size": 32}}}
 SHAPES = [(3, 11), (2, 7)]
 
 
@@ -47,6 +48,7 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "calibrate": ("calibrate_transform_pass", {"data": [bert_inputs(labels=False)]},
                   [("quantize_transform_pass", STATIC)], None),
     "lower_int8": ("lower_int8_transform_pass", {"backend": "fbgemm"}, [("quantize_transform_pass", INT8)], None),
+    "lower_weight_only": ("lower_weight_only_transform_pass", {}, [("quantize_transform_pass", MXINT4)], None),
     "prune": ("prune_transform_pass", {"weight": {"sparsity": 0.2, "scope": "global"}}, [], None),
     "shrink": ("shrink_transform_pass", {}, [("prune_transform_pass", {"weight": {"sparsity": s, "granularity": g}})
                                             for s, g in ((0.5, "head"), (0.5, "ffn"))], None),
