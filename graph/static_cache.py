@@ -25,7 +25,8 @@ import torch.nn as nn
 
 from .forge_graph import ForgeGraph
 
-__all__ = ["NOTE_PREFIX", "StaticCacheLM", "StaticCacheSpec", "capture_static_cache", "static_cache_spec"]
+__all__ = ["NOTE_PREFIX", "StaticCacheLM", "StaticCacheSpec", "cache_inputs", "capture_static_cache",
+           "inplace_cache_updates", "static_cache_spec"]
 
 NOTE_PREFIX = "static_kv_cache: "  # the capture note holding the cache spec as JSON
 _MAX_NOTE = 100_000  # characters: a checkpoint's note is hostile
@@ -235,3 +236,27 @@ def cache_inputs(spec: StaticCacheSpec, input_ids: torch.Tensor, start: int,
         raise ValueError(f"positions {start}..{start + length - 1} are past the cache's {spec.max_cache_len} slots: "
                          "capture with a larger max_cache_len")
     return (input_ids, torch.arange(start, start + length, device=input_ids.device), *cache)
+
+
+_SHAPE_ONLY = (torch.ops.aten.sym_size.int,)
+
+
+def inplace_cache_updates(mg: ForgeGraph) -> ForgeGraph:
+    """A copy of a static-cache graph (weights shared) writing each step's keys and values into the cache tensors
+    it is given (``index_copy_``) instead of into new ones, so a step does not copy the whole cache (what HF's
+    own static cache does; for timing loops and long generations). The returned caches are the inputs. Not a
+    pure function any more: for running, not for passes or checkpoints (the pure graph is the one to keep)."""
+    static_cache_spec(mg)  # refuses a graph without a cache
+    out = mg.copy(share_weights=True)
+    graph = out.model.graph
+    caches = [n for n in graph.nodes if n.op == "placeholder"][2:]
+    for node in caches:
+        writes = [u for u in node.users if u.target is torch.ops.aten.index_copy.default and u.args[0] is node]
+        others = [u for u in node.users if u not in writes and u.target not in _SHAPE_ONLY
+                  and not str(u.name).startswith("fxforge_shape_guard")]
+        if len(writes) != 1 or others:
+            raise ValueError(f"cache input {node.name!r} is read by {[u.name for u in others][:3]} besides its one "
+                             "index_copy: a pass changed how the cache is used, so it cannot be updated in place")
+        writes[0].target = torch.ops.aten.index_copy_.default
+    out.recompile()
+    return out

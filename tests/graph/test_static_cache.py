@@ -173,3 +173,21 @@ def test_sliding_window_layers_are_refused() -> None:
     lm = tiny_hf("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
     with pytest.raises(ValueError, match="full-attention layers only"):
         capture_static_cache(lm, MAX_LEN)
+
+
+def test_inplace_cache_updates_compute_the_same_steps_writing_into_the_given_cache(captured: Any) -> None:
+    from fxforge.graph.static_cache import inplace_cache_updates
+
+    _, mg = _get(captured, "llama")
+    fast = inplace_cache_updates(mg)
+    assert sum(1 for n in fast.nodes if n.target is torch.ops.aten.index_copy_.default) == 4
+    assert not any(n.target is torch.ops.aten.index_copy_.default for n in mg.nodes), "the pure graph changed"
+    pure = tuple(static_cache_spec(mg).empty())
+    owned = tuple(static_cache_spec(mg).empty())
+    with torch.no_grad():
+        for start, ids in ((0, _prompt(6)), (6, torch.tensor([[4]])), (7, torch.tensor([[9]]))):
+            positions = torch.arange(start, start + ids.shape[1])
+            want = mg(ids, positions, *pure)
+            got = fast(ids, positions, *owned)
+            pure = tuple(want[1:])
+            assert _same(want, got) and all(g is o for g, o in zip(got[1:], owned))
