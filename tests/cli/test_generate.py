@@ -53,10 +53,3 @@ def test_bad_requests_are_one_line_errors(checkpoints: dict[str, tuple[torch.nn.
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and fragment in lines[0], proc.stderr
 
-
-def test_a_checkpoint_without_a_cache_is_refused(tmp_path: Path) -> None:
-    from cli_support import make_checkpoint
-
-    make_checkpoint(tmp_path / "bert")
-    proc = run_cli("generate", str(tmp_path / "bert"), "--prompt-ids", "1", "--max-new-tokens", "2")
-    assert proc.returncode == 1 and "capture_static_cache" in proc.stderr, proc.stderr
