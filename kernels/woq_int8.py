@@ -4,8 +4,10 @@
 ``torch.ops.fxforge.int8_weight_only_linear`` (so lowered graphs ``torch.export`` and reload). On a
 CPU with AVX2+FMA, fp32 activations and at most ``NATIVE_MAX_ROWS`` rows (decode), the op runs the
 C++ kernel in ``woq_int8.cpp``: ATen's ``_weight_int8pack_mm`` is slower than fp32 ``F.linear`` on
-AMD EPYC, which defeats the point of reading a quarter of the bytes. Everything else runs the
-reference, ``_weight_int8pack_mm`` (+ bias).
+AMD EPYC, which defeats the point of reading a quarter of the bytes (and 30-80x slower from 16 rows
+on: 50 ms for 16 x 768 -> 2048 where F.linear takes 1.1 ms). More fp32 rows than that ("dequant")
+run ``F.linear`` on ``w_int8 * scale`` (one more rounding per weight, within the same bound).
+Everything else runs the reference, ``_weight_int8pack_mm`` (+ bias).
 
 The kernel is plain C (no torch headers: it builds in seconds, where a ``cpp_extension`` including
 ``torch/extension.h`` took ~85 s here) and is called through ctypes. It is built lazily on first use
@@ -37,7 +39,7 @@ from torch import Tensor
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 CFLAGS: tuple[str, ...] = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
-NATIVE_MAX_ROWS = 32  # beyond this many rows (prefill) the work is compute-bound: ATen's GEMM path
+NATIVE_MAX_ROWS = 512  # beyond, x leaves L2 and MKL's blocked GEMM on dequantized weights wins (measured)
 MIN_WORK_PER_THREAD = 1 << 17  # multiply-adds below which a second thread costs more than it saves
 Backend = Literal["auto", "native", "reference"]
 _forced: list[Backend] = ["auto"]
@@ -137,7 +139,7 @@ def native_eligible(x: Tensor, w_int8: Tensor, scale: Tensor, bias: Tensor | Non
 
 
 def chosen_backend(x: Tensor, w_int8: Tensor, scale: Tensor, bias: Tensor | None) -> str:
-    """Which path a call with these operands runs: "native" or "reference" (see the module docstring)."""
+    """Which path a call with these operands runs: "native", "dequant" or "reference" (module docstring)."""
     mode = _forced[-1]
     if mode == "reference":
         return "reference"
@@ -147,8 +149,11 @@ def chosen_backend(x: Tensor, w_int8: Tensor, scale: Tensor, bias: Tensor | None
             raise RuntimeError("woq_int8_backend('native') was forced but the C++ kernel cannot run these "
                                "operands (needs an AVX2+FMA CPU, a C++ compiler, fp32 x/scale/bias, int8 w)")
         return "native"
-    rows = x.numel() // max(x.shape[-1], 1)
-    return "native" if ok and rows <= NATIVE_MAX_ROWS and native_library() is not None else "reference"
+    if not ok:
+        return "reference"
+    if x.numel() // max(x.shape[-1], 1) > NATIVE_MAX_ROWS:
+        return "dequant"
+    return "native" if native_library() is not None else "reference"
 
 
 # -- the op -----------------------------------------------------------------------------------------
@@ -187,8 +192,11 @@ def native(x: Tensor, w_int8: Tensor, scale: Tensor, bias: Tensor | None) -> Ten
 def _op_impl(x: Tensor, w_int8: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ (w_int8 * scale[:, None]).T (+ bias)``: the C++ kernel or the ATen reference (see module)."""
     _check(x, w_int8, scale, bias)
-    if chosen_backend(x, w_int8, scale, bias) == "native":
+    how = chosen_backend(x, w_int8, scale, bias)
+    if how == "native":
         return native(x, w_int8, scale, bias)
+    if how == "dequant":
+        return torch.nn.functional.linear(x, w_int8.float() * scale[:, None], bias)
     return reference(x, w_int8, scale, bias)
 
 

@@ -53,7 +53,7 @@ def fresh_library() -> Iterator[None]:
     W.native_library.cache_clear()
 
 
-SHAPES = [(1, 771, 37), (5, 771, 37), (1, 64, 8), (5, 5, 3), (3, 2048, 130), (8, 768, 66)]
+SHAPES = [(1, 771, 37), (5, 771, 37), (1, 64, 8), (5, 5, 3), (3, 2048, 130), (8, 768, 66), (40, 200, 29)]
 
 
 @pytest.mark.parametrize("backend", ["reference", "native"])
@@ -73,8 +73,10 @@ def test_native_kernel_is_available_here_and_chosen_for_decode() -> None:
     x, w, s, b = operands(1, 768, 64, True)
     assert W.chosen_backend(x, w, s, b) == ("native" if native_expected() else "reference")
     assert W.chosen_backend(x.bfloat16(), w, s, b) == "reference"  # the kernel is fp32-only
+    assert W.chosen_backend(torch.randn(40, 768), w, s, b) == W.chosen_backend(x, w, s, b)  # a prefill
     big = torch.randn(W.NATIVE_MAX_ROWS + 1, 768)
-    assert W.chosen_backend(big, w, s, b) == "reference"  # prefill: ATen's GEMM
+    assert W.chosen_backend(big, w, s, b) == "dequant"  # x beyond L2: MKL's GEMM on w * scale
+    assert_within_bound(W.int8_weight_only_linear(big, w, s, b), big, w, s, b)
     with W.woq_int8_backend("reference"):
         assert W.chosen_backend(x, w, s, b) == "reference"
     with pytest.raises(RuntimeError, match="cannot run these operands"), W.woq_int8_backend("native"):
