@@ -15,8 +15,10 @@ from hf_tiny import tiny_hf
 
 from fxforge.kernels import woq_int8 as W
 
+Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
-def operands(m: int, k: int, n: int, bias: bool, lead: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+
+def operands(m: int, k: int, n: int, bias: bool, lead: tuple[int, ...] = ()) -> Operands:
     """Random x, int8 codes spanning [-128, 127] (every row holds both ends), per-row scales, bias."""
     x = torch.randn(*lead, m, k)
     w = torch.randint(-128, 128, (n, k), dtype=torch.int8)
@@ -101,6 +103,7 @@ def test_bf16_activations_run_the_reference() -> None:
     xb = x.bfloat16()
     y = W.int8_weight_only_linear(xb, w, s, b)
     assert y.dtype == torch.bfloat16 and torch.equal(y, W.reference(xb, w, s, b))
+    assert b is not None
     magnitude = exact(xb.abs(), w.abs(), s, b.abs())  # bf16 carries 8 bits: a few roundings of 2^-8
     assert ((y.double() - exact(xb, w, s, b)).abs() <= 2.0**-6 * magnitude).all()
 
@@ -171,6 +174,10 @@ def test_build_is_cached_by_source_hash(tmp_path: Path) -> None:
 
 class Int8Linear(nn.Module):
     """A linear layer holding int8 codes and scales, calling the op (what the lowering produces)."""
+
+    w: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
