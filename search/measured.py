@@ -16,6 +16,7 @@ beside the value (``timed``: ``lowered``, ``simulated`` or ``float``) in the tri
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,26 +78,34 @@ def checkpoint_bytes(graph: ForgeGraph, task: Task | None = None) -> Measurement
 
 
 def lowered_for_timing(graph: ForgeGraph) -> tuple[ForgeGraph, dict[str, Any]]:
-    """``graph`` as it would run shipped: a copy with every lowering pass that applies run on it (real
-    low-bit kernels for the layers that have one), or ``graph`` itself when none applies; plus notes:
-    ``timed`` (``lowered`` when some layer runs a real kernel, ``simulated`` when quantized layers only
-    simulate their formats, ``float`` when nothing is quantized) and per pass the count of layers it lowered."""
-    from ..passes.quantize.lower import Int8Linear, lower_int8_transform_pass, lowerable
-    from ..passes.quantize.modules import QuantizedLinear
+    """``graph`` as it would run shipped: a copy lowered by ``lower_weight_only_transform_pass`` (real
+    low-bit kernels for every quantized layer whose format has an exact one) when that applies to some
+    layer, else ``graph`` itself; plus notes: ``timed`` (``lowered`` when some layer runs a real kernel,
+    ``simulated`` when quantized layers only simulate their formats, ``float`` when nothing is quantized),
+    ``lowered`` (layers per kernel: int4, int8, int8-dynamic, embedding; ``already``: lowered by the plan
+    itself) and ``still_simulated`` (quantized layers without a kernel)."""
+    from ..passes.quantize.lower import Int8Linear
+    from ..passes.quantize.lower_weight_only import (
+        WEIGHT_ONLY_LAYERS,
+        lower_weight_only_transform_pass,
+        lowering_plan,
+    )
     from ..passes.quantize.quantizer import Quantize
 
-    modules = list(graph.model.modules())
-    already = sum(isinstance(m, Int8Linear) for m in modules)
-    todo = sum(isinstance(m, QuantizedLinear) and lowerable(m) is None for m in modules)
-    notes: dict[str, Any] = {"already_lowered": already}
-    if todo:
+    already = sum(isinstance(m, (Int8Linear, *WEIGHT_ONLY_LAYERS)) for m in graph.model.modules())
+    plan = lowering_plan(graph)  # quantized layer path -> kernel, or "skip: why"
+    lowered: Counter[str] = Counter()
+    still = len(plan)
+    if any(not how.startswith("skip: ") for how in plan.values()):
         graph = graph.copy()
-        graph, info = lower_int8_transform_pass(graph)
-        notes["lower_int8_transform_pass"] = info.lowered
-    lowered = already + sum(v for k, v in notes.items() if k.endswith("_pass"))
+        graph, info = lower_weight_only_transform_pass(graph)
+        lowered.update(how.split()[0] for how in info.lowered.values())
+        still = len(info.skipped)
+    if already:
+        lowered["already"] = already
     simulated = any(isinstance(m, Quantize) for m in graph.model.modules())
-    notes["timed"] = "lowered" if lowered else "simulated" if simulated else "float"
-    return graph, notes
+    timed = "lowered" if lowered else "simulated" if simulated else "float"
+    return graph, {"timed": timed, "lowered": dict(sorted(lowered.items())), "still_simulated": still}
 
 
 def shipped_latency_ms(graph: ForgeGraph, task: Task | None, repeats: int = 5) -> Measurement:

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from conftest import bert_inputs, make_tiny_bert
 
-from fxforge import ForgeGraph
+from fxforge import ForgeGraph, passes
+from fxforge.passes.quantize.modules import QuantizedLinear
 from fxforge.search import MixedPrecisionSpace, Search, SearchError, SearchResult, TensorTask, search_from_config
 from fxforge.search.measured import checkpoint_weight_bytes, shipped_latency_ms
 from fxforge.search.runner import BASELINE_NOTES_ATTR, trial_result
@@ -81,15 +83,30 @@ def test_latency_times_the_lowered_model_when_a_lowering_applies(base: ForgeGrap
     have no kernel: simulated; the unquantized baseline: float."""
     result = _run(base, task, tmp_path / "a", INT8_SCALED, ["accuracy", "latency_ms"])
     notes = trial_result(result.completed()[0])["notes"]["latency_ms"]
-    assert notes["timed"] == "lowered" and notes["lower_int8_transform_pass"] == 14  # 6 per layer, pooler, head
+    assert notes == {"timed": "lowered", "lowered": {"int8": 14}, "still_simulated": 0,  # 6 per layer, pooler, head
+                     "threads": torch.get_num_threads()}
     rebuilt = result.rebuild(result.completed()[0])
     assert shipped_latency_ms(rebuilt, task).notes["timed"] == "lowered"
     assert not any(type(m).__name__ == "Int8Linear" for m in rebuilt.model.modules())
     assert result.study.user_attrs[BASELINE_NOTES_ATTR]["latency_ms"]["timed"] == "float"
     result = _run(base, task, tmp_path / "b", {"minifloat": {"width": [6], "exponent_width": [3]}},
                   ["accuracy", "latency_ms"])
-    assert trial_result(result.completed()[0])["notes"]["latency_ms"]["timed"] == "simulated"
+    notes = trial_result(result.completed()[0])["notes"]["latency_ms"]
+    assert notes["timed"] == "simulated" and notes["lowered"] == {} and notes["still_simulated"] == 14
     assert result.completed()[0].values[1] > 0
+
+
+def test_latency_of_4_bit_weights_times_int4_kernels(base: ForgeGraph, task: TensorTask) -> None:
+    """Fixed-point 4-bit weights (power-of-two scale per row) run on the int4 kernel where its packing fits
+    the layer (the 2-row classifier takes the int8 one); the timed copy is lowered, the graph given is not."""
+    config = {"by": "type", "default": {"config": {"name": None}},
+              "linear": {"config": {"name": "integer", "weight_width": 4, "weight_frac_width": "auto"}}}
+    graph, _ = passes.quantize_transform_pass(base.copy(), config)
+    measured = shipped_latency_ms(graph, task)
+    assert measured.notes["timed"] == "lowered" and measured.value > 0
+    assert measured.notes["lowered"] == {"int4": 13, "int8": 1}
+    assert measured.notes["still_simulated"] == 0
+    assert sum(isinstance(m, QuantizedLinear) for m in graph.model.modules()) == 14
 
 
 def test_config_accepts_the_measured_objectives_and_refuses_misspellings(tmp_path: Path) -> None:
