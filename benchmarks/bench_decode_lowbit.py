@@ -170,14 +170,15 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
-def fxforge_variants(model: nn.Module, cache_len: int) -> tuple[dict[str, Decoder], dict[str, str], dict[str, str]]:
+def fxforge_variants(model: nn.Module, cache_len: int,
+                     int4_block: int) -> tuple[dict[str, Decoder], dict[str, str], dict[str, str]]:
     """The fxforge decode-step graphs (fp32, int8 and int4 lowered), errors by name, and formats by name."""
     try:
         from fxforge.benchmarks.decode_fxforge import fxforge_decoders
     except ImportError as e:
         reason = f"not run: {_error_text(e)}"
         return {}, {n: reason for n in ("fxforge-fp32", "fxforge-int8", "fxforge-int4")}, {}
-    return fxforge_decoders(model, cache_len)
+    return fxforge_decoders(model, cache_len, int4_block)
 
 
 def agreement(variants: dict[str, Decoder], model: nn.Module, prompts: torch.Tensor) -> dict[str, Any]:
@@ -228,6 +229,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=100, help="random prompts for the top-1 agreement")
     p.add_argument("--cache-len", type=int, default=128)
     p.add_argument("--bandwidth-mb", type=int, default=1024, help="size of the summed tensor")
+    p.add_argument("--int4-block", type=int, default=128, choices=(32, 128),
+                   help="fxforge-int4's MXINT4 block (one power-of-two scale per block of inputs)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--no-torchao", dest="torchao", action="store_false")
     p.add_argument("--quick", action="store_true",
@@ -257,19 +260,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"  ceiling {f.name:17s} {bytes_per_token(model, f, args.cache_len) / 1e6:8.1f} MB/token -> "
               f"{floor[k] * 1e3:7.2f} ms/token ({floor[k] / floor['fp32']:.2f}x of the fp32 floor)", flush=True)
 
+    start = time.perf_counter()
     variants, errors = eager_variants(model, args.cache_len, args.torchao)
     fmt_of = {"fp32-eager": "fp32", "bf16-eager": "bf16", "aten-int8": "int8", "aten-int4": "int4",
               "torchao-int8": "int8", "torchao-int4": "int4"}
-    fx, fx_errors, fx_formats = fxforge_variants(model, args.cache_len)
+    fx, fx_errors, fx_formats = fxforge_variants(model, args.cache_len, args.int4_block)
     variants.update(fx)
     errors.update(fx_errors)
     fmt_of.update(fx_formats)
+    print(f"built {len(variants)} variants in {time.perf_counter() - start:.0f} s", flush=True)
     for name, text in errors.items():
         print(f"  {name}: {text}", flush=True)
 
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, config["vocab_size"], (args.prompts, args.cache_len + 1), generator=gen)
+    start = time.perf_counter()
     agree = agreement(variants, model, prompts)
+    print(f"top-1 agreement on {args.prompts} prompts (fp32 prefill of each, then every variant's step): "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
     kv = prefill_kv(model, prompts[:1, :args.cache_len])
     for dec in variants.values():  # time on the first prompt's cache
         dec.load(kv, 0, int(prompts[0, -1]))
