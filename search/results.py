@@ -244,6 +244,8 @@ def _strict(value: Any) -> Any:
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) >= 1e4:
+        return f"{int(v):,}"  # counts (checkpoint_bytes, weight_bits, param_count) in full, not as 1.155e+07
     if isinstance(v, float):
         return f"{v:.4g}" if math.isfinite(v) else str(v)
     return str(v)

@@ -58,6 +58,8 @@ def test_checkpoint_bytes_is_the_exported_weights_file(base: ForgeGraph, task: T
     # packed: 17,472 of the 23,586 weights are linear weights at 4 bits instead of 32 (measured 44 KB vs 100 KB;
     # the safetensors header of ~80 named tensors and per-row fraction widths come on top of the codes)
     assert value < 0.5 * result.baseline["checkpoint_bytes"]
+    table = result.table()  # byte counts in full, the baseline row measured the same way
+    assert f"{int(value):,}" in table and f"{int(result.baseline['checkpoint_bytes']):,}" in table
     notes = trial_result(trial)["notes"]["checkpoint_bytes"]
     assert notes["files"] == ["weights.safetensors"]
     assert notes["checkpoint_dir_bytes"] > value  # the graph JSON, metadata and example inputs come on top
