@@ -187,10 +187,11 @@ def agreement(variants: dict[str, Decoder], model: nn.Module, prompts: torch.Ten
     cache_len = prompts.shape[1] - 1
     ref_name = "fp32-eager"
     margins: list[float] = []
+    spreads: list[float] = []  # the fp32 logits' standard deviation over the vocabulary: the scale of a margin
     same = {name: 0 for name in variants}
     missed: dict[str, list[float]] = {name: [] for name in variants}
     errs: dict[str, list[float]] = {name: [] for name in variants}
-    ties = {name: 0 for name in variants}  # prompts whose fp32 margin is below the variant's logit error
+    ties = {name: 0 for name in variants}  # prompts whose fp32 margin is below twice the variant's logit error
     for part in prompts.split(8):
         kv = prefill_kv(model, part[:, :cache_len])
         for i in range(part.shape[0]):
@@ -201,6 +202,7 @@ def agreement(variants: dict[str, Decoder], model: nn.Module, prompts: torch.Ten
             top2 = logits[ref_name].topk(2).values
             margin = float(top2[0] - top2[1])
             margins.append(margin)
+            spreads.append(float(logits[ref_name].std()))
             best = int(logits[ref_name].argmax())
             for name, lg in logits.items():
                 err = float((lg - logits[ref_name]).abs().max())
@@ -215,6 +217,7 @@ def agreement(variants: dict[str, Decoder], model: nn.Module, prompts: torch.Ten
         "prompts": len(margins),
         "fp32_margin": {"min": ordered[0], "p10": ordered[len(ordered) // 10], "median": statistics.median(ordered),
                         "max": ordered[-1]},
+        "fp32_logit_std_median": statistics.median(spreads),
         "same_top1": same,
         "fp32_margin_where_different": {n: sorted(m) for n, m in missed.items()},
         "max_abs_logit_err": {n: {"median": statistics.median(e), "max": max(e)} for n, e in errs.items()},
@@ -285,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     med = timings.medians()
     base = med["fp32-eager"]
     print(f"\n{'variant':14s} {'ms/token':>9s} {'/fp32':>6s} {'pair':>6s} {'floor':>6s} {'target':>7s} "
-          f"{'same top-1':>10s} {'|dlogit| med/max':>17s}  fp32 margins where different")
+          f"{'same top-1':>10s} {'ties':>5s} {'|dlogit| med/max':>17s}  fp32 margins where different")
     rows = {}
     for name in variants:
         target = TARGETS.get(name)
@@ -298,11 +301,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mark = "" if target is None else f"<={target:.2f}{'+' if ratio <= target else '!'}"
         print(f"{name:14s} {med[name] * 1e3:9.2f} {ratio:6.2f} {rows[name]['pair_ratio']:6.2f} "
               f"{rows[name]['floor_ratio']:6.2f} {mark:>7s} {agree['same_top1'][name]:4d}/{agree['prompts']:<5d} "
+              f"{agree['near_ties'][name]:5d} "
               f"{err['median']:8.4f}/{err['max']:.4f}  {', '.join(f'{m:.4f}' for m in diff[:6])}")
     m = agree["fp32_margin"]
     print(f"fp32 top-1 margin over {agree['prompts']} prompts: min {m['min']:.4f}, p10 {m['p10']:.4f}, median "
-          f"{m['median']:.4f}, max {m['max']:.4f} (random weights: logits are close); floor = format's bytes per "
-          f"token / bandwidth over the fp32 eager median; target: + met, ! missed")
+          f"{m['median']:.4f}, max {m['max']:.4f}; the fp32 logits' std over the vocabulary "
+          f"{agree['fp32_logit_std_median']:.4f} (median): random weights give near-tied logits.\nties: prompts "
+          f"whose fp32 margin is below twice the variant's logit error (a different top-1 is possible only "
+          f"there)\n"
+          f"floor: the format's bytes per token / bandwidth, over the fp32 eager median; pair: median of per-round "
+          f"ratios; target: + met, ! missed")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     result = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "config": config, "params": params, "cache_len": args.cache_len, "rounds": args.rounds,
