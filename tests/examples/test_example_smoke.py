@@ -121,21 +121,3 @@ def test_search_joint_example_searches_exports_and_remeasures(tmp_path: Path,
     assert (run / "pareto" / "trial_0" / "manifest.json").is_file()
     found = re.search(r"trial_0: accuracy ([0-9.]+) \(search: ([0-9.]+);", text)
     assert found and found.group(1) == found.group(2), text
-
-
-def test_demo_runs_its_five_steps_and_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`make demo` with 16 reviews of 16 tokens and one search trial: every check but "fine-tuning improved"
-    (one step of training need not) passes, and the checkpoint, results and HTML report are written."""
-    from fxforge.examples.demo import main
-
-    out = tmp_path / "demo"
-    code = main(["--out", str(out), "--trials", "1", "--train", "16", "--eval", "16", "--max-length", "16"])
-    text = capsys.readouterr().out
-    failed = re.findall(r"^ +FAIL (.*)$", text, re.M)
-    assert [f for f in failed if f != "fine-tuning improved held-out accuracy"] == [], text
-    assert code == (1 if failed else 0)
-    for check in ("graph computes what the model computes", "fusing keeps the outputs", "checkpoint verified",
-                  "reloaded = rebuilt"):
-        assert re.search(rf"^ +ok +{check}", text, re.M), check
-    assert (out / "best" / "manifest.json").is_file() and (out / "search.json").is_file()
-    assert '<tr class="node-row">' in (out / "report.html").read_text()
