@@ -76,7 +76,9 @@ def calibrate_transform_pass(graph: ForgeGraph, args: CalibrateArgs) -> tuple[Fo
     owners = {path: (node, key) for node, rec in quantized_nodes(gm) for key, path in rec.quantizers.items()}
     quantizers = activation_quantizers(gm)
     if not quantizers:
-        raise ValueError("the graph has no activation quantizers (only weights are quantized): nothing to calibrate")
+        raise ValueError("the graph has no activation quantizers (only weights are quantized, or the layers are "
+                         "lowered): nothing to calibrate; quantize activations first (quantize_transform_pass with "
+                         "data_in_* keys)")
     for q in quantizers.values():
         q.observer = Observer(args.method, args.percentile, q.channel_axis if q.per_channel else None)
     batches = 0

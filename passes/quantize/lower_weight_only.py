@@ -212,6 +212,14 @@ def lower_weight_only_transform_pass(graph: ForgeGraph,
     if skipped and args.strict:
         raise ValueError(f"{len(skipped)} quantized layer(s) have no exact kernel and would stay simulated: "
                          f"{skipped}; pass strict=False to lower the rest")
+    if len(skipped) == len(plan):
+        why = "; ".join(f"{k}: {v}" for k, v in list(skipped.items())[:3])
+        raise ValueError(
+            "no simulated quantized linear or embedding has an exact low-bit kernel"
+            + (f" ({len(plan)} stay simulated, e.g. {why})" if plan else
+               " (none is left: lower_int8_transform_pass or this pass may have lowered them already)")
+            + "; run it on a graph from quantize_transform_pass with integer / scaled_integer / mxint weights "
+              "(see lowering_plan)")
     gm = graph.model
     static = {name: _input_range(m) is not None and backend == "onednn"
               for name, m in gm.named_modules() if plan.get(name) == "int8-dynamic" and isinstance(m, QuantizedLinear)}

@@ -44,7 +44,8 @@ def _simulated(root: nn.Module) -> Iterator[str]:
 
 
 def _quantized(graph: ForgeGraph) -> bool:
-    return any(True for _ in _simulated(graph.model)) or holds("int8-lowered", graph)
+    return any(True for _ in _simulated(graph.model)) or holds("int8-lowered", graph) \
+        or holds("weight-only-lowered", graph)
 
 
 def _calibrated(graph: ForgeGraph) -> bool:

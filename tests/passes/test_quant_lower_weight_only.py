@@ -261,3 +261,17 @@ def test_int4_layer_refuses_another_cpu_layout() -> None:
     layer.layout = "0123456789abcdef"
     with pytest.raises(RuntimeError, match="re-run lower_weight_only_transform_pass"):
         layer(x)
+
+
+def test_nothing_to_lower_names_what_to_run(models: dict[str, Model]) -> None:
+    base, cases, run = _model(models, "bert")
+    cfg = {"by": "type", "linear": {"config": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
+                                               "weight_width": 8, "weight_frac_width": 6}}}
+    sim, _ = quantize_transform_pass(base.copy(), cfg)
+    with pytest.raises(PassError, match="data_in is quantized.*quantize_transform_pass"):
+        lower_weight_only_transform_pass(sim)
+    low, _ = lower_weight_only_transform_pass(quantize_transform_pass(base.copy(), MXINT4)[0])
+    with pytest.raises(PassError, match="none is left.*lowered them already"):
+        lower_weight_only_transform_pass(low)
+    with pytest.raises(PassError, match="quantized"):  # a lowered graph is still a quantized one
+        PASSES["prune_transform_pass"](low, {"weight": {"sparsity": 0.2}})
