@@ -119,11 +119,11 @@ def bytes_per_token(model: nn.Module, fmt: Format, cache_len: int) -> float:
             other += mod.embedding_dim
         elif not list(mod.children()):
             other += sum(p.numel() for p in mod.parameters(recurse=False))
-    cfg = model.config
+    cfg: Any = model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     kv = 2 * cfg.num_hidden_layers * (cfg.num_key_value_heads or cfg.num_attention_heads) * head_dim * (cache_len + 1)
     scales = fmt.scale_bytes * (rows if fmt.per == 0 else linear / fmt.per)
-    return linear * fmt.bits / 8 + scales + (other + kv) * fmt.act_bytes
+    return float(linear * fmt.bits / 8 + scales + (other + kv) * fmt.act_bytes)
 
 
 def eager_variants(model: nn.Module, cache_len: int, torchao: bool) -> tuple[dict[str, Decoder], dict[str, str]]:

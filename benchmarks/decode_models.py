@@ -35,7 +35,8 @@ def build_llama(config: dict[str, int], seed: int = 0) -> nn.Module:
     import transformers as T
 
     torch.manual_seed(seed)
-    cfg = T.LlamaConfig(**config, max_position_embeddings=1024, tie_word_embeddings=False)
+    kwargs: dict[str, Any] = {**config, "max_position_embeddings": 1024, "tie_word_embeddings": False}
+    cfg = T.LlamaConfig(**kwargs)
     return T.LlamaForCausalLM(cfg).eval()
 
 
@@ -58,9 +59,10 @@ class EagerDecode:
     def __init__(self, model: nn.Module, cache_len: int, dtype: torch.dtype = torch.float32) -> None:
         from transformers import StaticCache
 
-        cfg = model.config
+        cfg: Any = model.config
         self.model, self.cache_len, self.dtype = model, cache_len, dtype
         self.cache = StaticCache(config=cfg, max_cache_len=cache_len + 1)
+        self.layers: list[Any] = list(self.cache.layers)  # StaticLayers (typed as any cache layer)
         heads = cfg.num_key_value_heads or cfg.num_attention_heads
         self.cache.early_initialization(1, heads, cfg.hidden_size // cfg.num_attention_heads, dtype,
                                         torch.device("cpu"))
@@ -68,14 +70,14 @@ class EagerDecode:
 
     def load(self, kv: KV, index: int, token: int) -> None:
         """Copy prompt ``index``'s keys/values into the first ``cache_len`` slots; ``token`` is the step's input."""
-        for layer, k, v in zip(self.cache.layers, *kv):
+        for layer, k, v in zip(self.layers, *kv):
             layer.keys[:, :, :self.cache_len].copy_(k[index:index + 1])
             layer.values[:, :, :self.cache_len].copy_(v[index:index + 1])
         self.token.fill_(token)
 
     @torch.inference_mode()
     def step(self) -> Tensor:
-        for layer in self.cache.layers:  # rewind: the new token is written to slot cache_len every call
+        for layer in self.layers:  # rewind: the new token is written to slot cache_len every call
             layer.cumulative_length.fill_(self.cache_len)
         return self.model(self.token, cache=self.cache, use_cache=True).logits[0, -1].float()
 
