@@ -169,7 +169,10 @@ def decode_packed(name: str, entry: Mapping[str, Any], weights: Mapping[str, tor
     if math.prod(shape) > ELEMENTS_PER_BYTE * stored:
         raise _fail(where, f"{math.prod(shape)} elements cannot be held by {stored} stored bytes")
     packed = PackedTensor(c.name, params, shape, parts)
-    value = c.unpack(packed)
+    try:
+        value = c.unpack(packed)
+    except ValueError as exc:  # a codec refuses parts no packer writes (NaN scales, overflowing exponents...)
+        raise _fail(where, f"codec {c.name!r} refuses its parts: {exc}") from None
     if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or tuple(value.shape) != shape:
         raise _fail(where, f"codec {c.name!r} did not decode a float32 tensor of shape {list(shape)}")
     return value.contiguous(), packed

@@ -84,7 +84,10 @@ def pack_weight(quantizer: Quantize, weight: torch.Tensor, *, flatten_from: int 
         x = x.reshape(view_shape(shape, flatten_from))
         packed = packer(quantizer, x, quantizer.channel_axis % x.dim(), quantizer.block_axis % x.dim(), shape,
                         flatten_from)
-        out = unpack(packed)
+        try:
+            out = unpack(packed)
+        except ValueError as exc:  # e.g. an infinite weight's codes times scales overflow: no exact record
+            raise NotPackable(f"{where}: {exc}") from None
     if not _same(out, ref, packed.codec in _SIGNED_ZERO):
         raise NotPackable(f"{where}: the packed codes do not reproduce the quantizer's values exactly "
                           f"(codec {packed.codec!r}, params {dict(packed.params)})")

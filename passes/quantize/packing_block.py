@@ -122,10 +122,15 @@ def block_unpack(packed: PackedTensor) -> torch.Tensor:
     width, ew, bias = _block_params(packed.params, where)
     view, axis, n, rows, blocks = _geometry(packed.params, tuple(packed.shape), where)
     lo, hi = _exponent_range(ew, bias)
-    e = torch.clamp(unpack_bits(packed.parts["exponents"], rows * blocks, ew) - bias, lo, hi)
+    e = unpack_bits(packed.parts["exponents"], rows * blocks, ew) - bias
+    if e.numel() and (e.min() < lo or e.max() > hi):  # the packer clamps them into [lo, hi]
+        raise ValueError(f"{where}: shared exponents must be in [{lo}, {hi}] (biased by {bias})")
     step = pow2(e, torch.float32) / 2.0 ** (width - 2)
     codes = to_signed(unpack_bits(packed.parts["codes"], rows * n, width), width).to(torch.float32)
-    return _unblock(codes, step, view, axis, n, packed.params["block_size"]).reshape(packed.shape)
+    out = _unblock(codes, step, view, axis, n, packed.params["block_size"])
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(f"{where}: codes times shared exponents overflow float32 (integer codes hold no inf)")
+    return out.reshape(packed.shape)
 
 
 def mxfp_unpack(packed: PackedTensor) -> torch.Tensor:
@@ -134,9 +139,15 @@ def mxfp_unpack(packed: PackedTensor) -> torch.Tensor:
     p = packed.params
     elem = mxfp_element(p["width"], p["exponent_width"])
     view, axis, n, rows, blocks = _geometry(p, tuple(packed.shape), "packed codec 'mxfp'")
-    e = torch.clamp(packed.parts["scales"].to(torch.int64) - 127, -126, 127)
+    e = packed.parts["scales"].to(torch.int64) - 127
+    if e.numel() and (e.min() < -126 or e.max() > 127):  # E8M0 255 is NaN; the packer writes 1..254
+        raise ValueError("packed codec 'mxfp': E8M0 scales must be in [1, 254] (2^-126 .. 2^127)")
     values = minifloat_values(unpack_bits(packed.parts["codes"], rows * n, elem.width), elem)
-    return _unblock(values, pow2(e, torch.float32), view, axis, n, p["block_size"]).reshape(packed.shape)
+    out = _unblock(values, pow2(e, torch.float32), view, axis, n, p["block_size"])
+    if not bool((torch.isfinite(out) | ~torch.isfinite(_unblock(values, torch.ones_like(e, dtype=torch.float32),
+                                                                 view, axis, n, p["block_size"]))).all()):
+        raise ValueError("packed codec 'mxfp': finite elements times their scale overflow float32")
+    return out.reshape(packed.shape)
 
 
 def _moved_codes(values: torch.Tensor, moved_shape: tuple[int, ...], n: int) -> torch.Tensor:

@@ -102,9 +102,28 @@ def _check_parts(packed: PackedTensor) -> dict[str, Any]:
     return p
 
 
+def _check_data(packed: PackedTensor, p: dict[str, Any]) -> None:
+    """Refuse scales, zero points and fraction widths the packer never writes (a file's parts are hostile): a
+    NaN, infinite, zero or negative scale, a zero point off the integer code range, a fraction width outside
+    [-64, 64]; such parts would decode to NaN / inf or to values off the format's grid."""
+    where = f"packed codec {NAME!r}"
+    if "frac" in packed.parts and packed.parts["frac"].numel() and packed.parts["frac"].abs().max() > 64:
+        raise ValueError(f"{where}: fraction widths must be in [-64, 64]")
+    scale = packed.parts.get("scale")
+    if scale is not None and not bool(((scale > 0) & torch.isfinite(scale)).all()):
+        raise ValueError(f"{where}: scales must be finite and positive")
+    zero = packed.parts.get("zero_point")
+    if zero is not None:
+        lo, hi = _code_range(p["width"], p["mode"], p["symmetric"])
+        if not bool(((zero == torch.round(zero)) & (zero >= lo) & (zero <= hi)).all()):
+            raise ValueError(f"{where}: zero points must be integers in the code range [{lo}, {hi}]")
+
+
 def unpack(packed: PackedTensor) -> torch.Tensor:
-    """The float32 weight, bit for bit the quantizer's values (up to the sign of zero)."""
+    """The float32 weight, bit for bit the quantizer's values (up to the sign of zero); ValueError for parts no
+    packer writes, or codes and scales whose product is not a finite float32."""
     p = _check_parts(packed)
+    _check_data(packed, p)
     view = view_shape(tuple(packed.shape), p["flatten_from"])
     w, mode, axis = p["width"], p["mode"], p["axis"]
     codes = unpack_bits(packed.parts["codes"], shape_numel(view, NAME), w)
@@ -122,6 +141,8 @@ def unpack(packed: PackedTensor) -> torch.Tensor:
         if axis is not None:
             scale, zero = broadcast_along(scale, len(view), axis), broadcast_along(zero, len(view), axis)
         out = (code - zero) * scale
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(f"packed codec {NAME!r}: codes times scales overflow float32 (integer codes hold no inf)")
     return out.reshape(packed.shape)
 
 
