@@ -16,7 +16,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from fxforge.benchmarks.decode_models import error_text
 from fxforge.graph.forge_graph import ForgeGraph
+from fxforge.graph.static_cache import capture_static_cache, inplace_cache_updates, static_cache_spec
+from fxforge.passes.quantize import quantize_transform_pass
+from fxforge.passes.quantize.lower_weight_only import lower_weight_only_transform_pass
 
 __all__ = ["FxforgeDecode", "INT4_WEIGHT_ONLY", "INT8_WEIGHT_ONLY", "fxforge_decoders", "int4_weight_only"]
 
@@ -38,8 +42,6 @@ class FxforgeDecode:
     """A static-cache graph's decode step at position ``cache_len`` (see bench_decode_lowbit.Decoder)."""
 
     def __init__(self, mg: ForgeGraph, cache_len: int) -> None:
-        from fxforge.graph.static_cache import inplace_cache_updates, static_cache_spec
-
         spec = static_cache_spec(mg)
         if spec.batch != 1 or spec.max_cache_len != cache_len + 1:
             raise ValueError(f"FxforgeDecode: the graph's cache is batch {spec.batch} x {spec.max_cache_len} slots, "
@@ -63,17 +65,13 @@ class FxforgeDecode:
 
 def fxforge_decoders(model: nn.Module, cache_len: int, int4_block: int = 128
                      ) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
-    """(decoders, errors, weight formats) of fxforge-fp32 / -int8 / -int4; a step that cannot be built (a
-    dependency missing, a pass refusing) is an error with its text, the others still run."""
-    from fxforge.benchmarks.bench_decode_lowbit import _error_text
-
+    """(decoders, errors, weight formats) of fxforge-fp32 / -int8 / -int4; a step that cannot be built (capture
+    or a pass refusing) is an error with its text, the others still run."""
     decoders: dict[str, Any] = {}
     errors: dict[str, str] = {}
     formats = {"fxforge-fp32": "fp32", "fxforge-int8": "int8", "fxforge-int4": "int4" if int4_block == 128
                else f"int4-{int4_block}"}
     try:
-        from fxforge.graph.static_cache import capture_static_cache
-
         export_log = logging.getLogger("torch._export")  # one "specialized" line per cache input: noise here
         level = export_log.level
         export_log.setLevel(logging.ERROR)
@@ -83,21 +81,18 @@ def fxforge_decoders(model: nn.Module, cache_len: int, int4_block: int = 128
             export_log.setLevel(level)
         decoders["fxforge-fp32"] = FxforgeDecode(fp32, cache_len)
     except Exception as e:  # noqa: BLE001 -- reported in the table, the eager variants still run
-        return {}, {name: f"capture: {_error_text(e)}" for name in formats}, formats
+        return {}, {name: f"capture: {error_text(e)}" for name in formats}, formats
     for name, config in (("fxforge-int8", INT8_WEIGHT_ONLY), ("fxforge-int4", int4_weight_only(int4_block))):
         try:
             decoders[name] = FxforgeDecode(lowered(fp32, config), cache_len)
         except Exception as e:  # noqa: BLE001
-            errors[name] = _error_text(e)
+            errors[name] = error_text(e)
     return decoders, errors, formats
 
 
 def lowered(mg: ForgeGraph, config: dict[str, Any]) -> ForgeGraph:
     """A copy of ``mg`` quantized with ``config`` and lowered to weight-only kernels; every linear must lower
     (a format left simulated would time fp32 matmuls under a low-bit name)."""
-    from fxforge.passes.quantize import quantize_transform_pass
-    from fxforge.passes.quantize.lower_weight_only import lower_weight_only_transform_pass
-
     q, _ = quantize_transform_pass(mg.copy(), config)
     q, _ = lower_weight_only_transform_pass(q, {"strict": True})  # strict: refuses to leave a layer simulated
     return q

@@ -21,7 +21,7 @@ import torch.nn as nn  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 __all__ = ["LLAMA_134M", "LLAMA_TINY", "AtenInt4Linear", "AtenInt8Linear", "EagerDecode", "build_llama",
-           "prefill_kv", "swap_linears"]
+           "error_text", "prefill_kv", "swap_linears", "torchao_model"]
 
 LLAMA_134M: dict[str, int] = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                               "intermediate_size": 2048, "vocab_size": 32000}
@@ -142,3 +142,8 @@ def torchao_model(model: nn.Module, config: Any, dtype: torch.dtype) -> nn.Modul
     out = copy.deepcopy(model).to(dtype)
     quantize_(out, config)
     return out
+
+
+def error_text(e: BaseException) -> str:
+    """``Type: first line`` of an exception (at most 200 characters), for a variant that did not run."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
