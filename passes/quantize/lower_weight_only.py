@@ -165,7 +165,7 @@ def _build(name: str, module: nn.Module, how: str, backend: str) -> nn.Module:
     bias = simulated_bias(module)
     if how.startswith("int4"):
         group = int(how.split()[1][1:])
-        scale = wc.scale if wc.group == group else wc.scale.expand(-1, module.in_features // group)
+        scale = wc.scale if wc.group == group else wc.scale.expand(-1, wc.codes.shape[1] // group)
         return WeightOnlyInt4Linear.from_codes(wc.codes, scale, group, bias)
     return WeightOnlyInt8Linear.from_codes(wc.codes, wc.scale.reshape(-1), bias)
 

@@ -254,13 +254,41 @@ def test_embeddings_lowered_exactly_at_their_width(models: dict[str, Model], tmp
         assert torch.equal(run(loaded, cases[0]), run(low, cases[0]))
 
 
-def test_int4_layer_refuses_another_cpu_layout() -> None:
-    layer = WeightOnlyInt4Linear.from_codes(torch.randint(-8, 8, (32, 64)), torch.full((32, 2), 0.25), 32, None)
-    x = torch.randn(2, 64)
-    layer(x)
-    layer.layout = "0123456789abcdef"
+def _pack_rows(codes: torch.Tensor, block: int) -> torch.Tensor:
+    """ATen's int4 pack as a CPU with ``block``-row blocks lays it out (the inverse of woq_modules._unpack_rows)."""
+    n, k = codes.shape
+    t = (codes + 8).to(torch.uint8).reshape(n // block, block, k).transpose(1, 2)
+    return (t[..., : block // 2] | (t[..., block // 2:] << 4)).reshape(n, k // 2).contiguous()
+
+
+def test_int4_layer_repacks_another_cpu_layout_or_refuses(tmp_path: Path) -> None:
+    codes, scale = torch.randint(-8, 8, (128, 64)), torch.full((128, 2), 0.25)
+    layer = WeightOnlyInt4Linear.from_codes(codes, scale, 32, torch.randn(128))
+    x = torch.randn(5, 64)
+    want = layer(x)
+    other = "rows32" if layer.layout == "rows64" else "rows64"  # what the other x86 vector width packs
+    foreign = WeightOnlyInt4Linear(64, 128, 32, True, other)
+    foreign.weight_int4pack = _pack_rows(codes, int(other[4:]))
+    foreign.scales_and_zeros, foreign.bias = layer.scales_and_zeros, layer.bias
+    assert not torch.equal(foreign.weight_int4pack, layer.weight_int4pack)
+    assert torch.equal(foreign(x), want) and foreign.layout == layer.layout  # repacked once, for this CPU
+    assert torch.equal(foreign.weight_int4pack, layer.weight_int4pack)
+    foreign.layout = "sha0123456789abcdef"  # a layout fxforge cannot read
     with pytest.raises(RuntimeError, match="re-run lower_weight_only_transform_pass"):
-        layer(x)
+        foreign(x)
+
+
+def test_int4_many_rows_take_a_bf16_gemm_within_the_bound() -> None:
+    codes = torch.randint(-8, 8, (64, 96))
+    scale = torch.pow(2.0, torch.randint(-6, -2, (64, 3)).float())
+    layer = WeightOnlyInt4Linear.from_codes(codes, scale, 32, torch.randn(64))
+    w = codes.float() * scale.repeat_interleave(32, dim=1)
+    assert torch.equal(layer.dequantized_weight(), w)
+    for rows in (layer.DENSE_FROM_ROWS - 1, layer.DENSE_FROM_ROWS + 3):  # ATen's int4 GEMM, then the dense path
+        x = torch.randn(rows, 96) * 3
+        y = layer(x)
+        excess = (y.double() - F.linear(x, w, layer.bias).double()).abs() - layer.error_bound(x)
+        assert excess.max() <= 0, rows
 
 
 def test_nothing_to_lower_names_what_to_run(models: dict[str, Model]) -> None:
