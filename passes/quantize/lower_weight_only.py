@@ -32,7 +32,7 @@ from ..contract import NumericalContract, PassInfo, register_property
 from ..rewrite import inject_modules
 from ..select import iter_layers
 from .lower import Int8Linear, _input_range, int8_kernel_saturates, lowerable, onednn_available
-from .modules import QuantizedEmbedding, QuantizedLinear
+from .modules import QuantizedEmbedding, QuantizedLinear, _QuantizedLayer
 from .records import LoweringRecord
 from .state import quantized_nodes
 from .woq_codes import pick_kernel, simulated_bias, weight_codes
@@ -136,6 +136,10 @@ def lowering_plan(graph: ForgeGraph, args: LowerWeightOnlyArgs | None = None) ->
     called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
     plan: dict[str, str] = {}
     for name, module in gm.named_modules():
+        if isinstance(module, _QuantizedLayer) and not isinstance(module, QuantizedLinear | QuantizedEmbedding):
+            plan[name] = f"skip: {_describe(module)}: {type(module).__name__} has no weight-only kernel here " \
+                         "(linear and embedding layers only)"
+            continue
         if not isinstance(module, QuantizedLinear | QuantizedEmbedding):
             continue
         if name not in called:

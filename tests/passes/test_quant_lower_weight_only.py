@@ -214,6 +214,12 @@ def test_formats_without_a_kernel_stay_simulated_with_reasons(models: dict[str, 
     assert isinstance(low.model.get_submodule("bert.encoder.layer.0.intermediate.dense"), QuantizedLinear)
     with torch.no_grad():
         assert compare_outputs(run(sim, cases[0]), run(low, cases[0])).sqnr_db > 60
+    conv = ForgeGraph(nn.Sequential(nn.Conv1d(4, 16, 3), nn.Flatten(), nn.Linear(16 * 30, 32)),
+                      example_inputs=(torch.zeros(2, 4, 32),))
+    conv, _ = quantize_transform_pass(conv, {"by": "type", "default": {"config": {
+        "name": "integer", "weight_width": 8, "weight_frac_width": "auto"}}})
+    _, info = lower_weight_only_transform_pass(conv)
+    assert set(info.lowered) == {"2"} and "QuantizedConv1d has no weight-only kernel" in info.skipped["0"]
     with pytest.raises(PassError, match="have no exact kernel.*minifloat"):
         lower_weight_only_transform_pass(sim, {"strict": True})
 
