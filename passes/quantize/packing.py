@@ -3,9 +3,10 @@
 ``pack_weight(q, w)`` stores ``q(w)`` -- the values the simulated layer multiplies with -- as a
 :class:`~fxforge.graph.packed.PackedTensor`: integer codes of exactly the format's width in a little-endian bit
 stream, plus the format's shared exponents / scales. ``codec(p.codec).unpack(p)`` returns those values again,
-bit for bit (integer-coded formats, which have no negative zero, read a ``-0.0`` back as ``+0.0``). Every pack
-is checked by unpacking it: a weight that cannot be stored exactly (NaN in an integer format, a dtype other
-than float32, a disabled quantizer...) raises :class:`NotPackable`, never an approximation.
+bit for bit (integer-coded formats, which have no negative zero, read a ``-0.0`` back as ``+0.0``). The quantizer
+runs once per pack (packers derive codes from its output), and every pack is checked by unpacking it: a weight
+that cannot be stored exactly (NaN in an integer format, a dtype other than float32, a disabled quantizer...)
+raises :class:`NotPackable`, never an approximation.
 
 Codecs (registered in graph/packed's table at import, so loaders find them by name):
 
@@ -31,7 +32,8 @@ from .quantizer import Quantize
 
 __all__ = ["NotPackable", "PACKERS", "pack_weight", "pack_layer_weight", "packed_bits", "unpack"]
 
-Packer = Callable[[Quantize, torch.Tensor, int, int, tuple[int, ...], "int | None"], PackedTensor]
+# (quantizer, x: the view it sees, ref: quantizer(x) in that view, channel axis, block axis, shape, flatten_from)
+Packer = Callable[[Quantize, torch.Tensor, torch.Tensor, int, int, tuple[int, ...], "int | None"], PackedTensor]
 
 # format name -> packer; a codec whose codes carry the sign of zero is checked bit for bit.
 PACKERS: dict[str, Packer] = {"integer": pack_int, "scaled_integer": pack_int, "minifloat": pack_minifloat,
@@ -80,10 +82,12 @@ def pack_weight(quantizer: Quantize, weight: torch.Tensor, *, flatten_from: int 
     w = weight.detach().to("cpu")
     x = w.flatten(flatten_from) if flatten_from is not None else w
     with torch.no_grad():
-        ref = quantizer(x).reshape(shape)
-        x = x.reshape(view_shape(shape, flatten_from))
-        packed = packer(quantizer, x, quantizer.channel_axis % x.dim(), quantizer.block_axis % x.dim(), shape,
+        view = view_shape(shape, flatten_from)
+        ref = quantizer(x).reshape(view)  # the quantizer runs once: packers derive their codes from ref
+        x = x.reshape(view)
+        packed = packer(quantizer, x, ref, quantizer.channel_axis % x.dim(), quantizer.block_axis % x.dim(), shape,
                         flatten_from)
+        ref = ref.reshape(shape)
         try:
             out = unpack(packed)
         except ValueError as exc:  # e.g. an infinite weight's codes times scales overflow: no exact record

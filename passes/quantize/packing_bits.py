@@ -2,19 +2,23 @@
 
 Code ``i`` occupies stream bits ``[i * width, (i + 1) * width)``; stream bit ``j`` is bit ``j % 8`` of byte
 ``j // 8`` (so two int4 codes share a byte, the first in the low nibble, and 16-bit codes are little-endian
-int16). Packing works on groups of 8 codes (exactly ``width`` bytes each), so no tensor of single bits is
-ever built. Also the checks a codec's ``parts()`` shares: JSON parameter types and ranges.
+int16). Packing works on whole-byte groups of codes (``8 / gcd(width, 8)`` codes), a few tensor ops per group
+position: 1/2/4/8-bit codes on uint8, other widths whose group fits 56 bits as one little-endian int64 word
+per group, the rest (odd widths above 8, 18/22/26/30) byte by byte over groups of 8; no per-element Python and
+no tensor of single bits. Also the checks a codec's ``parts()`` shares: JSON parameter types and ranges.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["NotPackable", "stream_bytes", "pack_bits", "unpack_bits", "to_signed", "int_param", "bool_param",
-           "shape_numel", "view_shape", "flatten_param", "check_keys"]
+__all__ = ["NotPackable", "stream_bytes", "pack_bits", "unpack_bits", "to_signed", "unpack_signed", "int_param",
+           "bool_param", "shape_numel", "view_shape", "flatten_param", "check_keys"]
 
 MAX_WIDTH = 32  # widest code a stream holds (codes are carried in int64)
 
@@ -29,15 +33,52 @@ def _check_width(width: int) -> None:
         raise ValueError(f"bit-stream code width must be in [1, {MAX_WIDTH}], got {width}")
 
 
+def _group(width: int) -> int:
+    """Codes per whole-byte group: the fewest codes whose bits fill whole bytes (8 / gcd(width, 8))."""
+    return 8 // math.gcd(width, 8)
+
+
+def _word_path(width: int) -> bool:
+    """Does a group fit one int64 word (at most 56 bits, so shifts never reach the sign), read little-endian?"""
+    return _group(width) * width <= 56 and sys.byteorder == "little"
+
+
+def _padded(c: torch.Tensor, multiple: int) -> torch.Tensor:
+    pad = (-c.numel()) % multiple
+    return torch.cat([c, c.new_zeros(pad)]) if pad else c
+
+
 def pack_bits(codes: torch.Tensor, width: int) -> torch.Tensor:
     """``codes`` (any integer dtype, only their low ``width`` bits are kept) as a uint8 stream of
     :func:`stream_bytes` bytes."""
     _check_width(width)
-    c = codes.reshape(-1).to(torch.int64) & ((1 << width) - 1)
+    n = codes.numel()
+    if width <= 8:  # low bits survive the cast to uint8 (integer casts wrap)
+        c = codes.reshape(-1).to(torch.uint8)
+        if width == 8:
+            return c
+        c = c & ((1 << width) - 1)
+        if 8 % width == 0:  # 1, 2, 4 bits: 8 // width codes per byte, shifted into place on uint8
+            g = 8 // width
+            c = _padded(c, g).reshape(-1, g)
+            out = c[:, 0].clone()
+            for k in range(1, g):
+                out |= c[:, k] << (k * width)
+            return out
+    if _word_path(width):  # a group's codes shifted into one int64 word, whose low bytes are the group's bytes
+        g = _group(width)
+        c = _padded(codes.reshape(-1).to(torch.int64) & ((1 << width) - 1), g).reshape(-1, g)
+        word = torch.empty(c.shape[0], dtype=torch.int64).copy_(c[:, 0])  # fresh strides: viewed as bytes
+        for k in range(1, g):
+            word |= c[:, k] << (k * width)
+        return word.view(torch.uint8).reshape(-1, 8)[:, : g * width // 8].reshape(-1)[: stream_bytes(n, width)]
+    return _pack_groups_of_8(codes.reshape(-1).to(torch.int64) & ((1 << width) - 1), width)
+
+
+def _pack_groups_of_8(c: torch.Tensor, width: int) -> torch.Tensor:
+    """Any width: groups of 8 codes (exactly ``width`` bytes), built byte by byte."""
     n = c.numel()
-    if width == 8:
-        return c.to(torch.uint8)
-    c = torch.cat([c, c.new_zeros((-n) % 8)]).reshape(-1, 8)  # groups of 8 codes = `width` bytes
+    c = _padded(c, 8).reshape(-1, 8)
     out = torch.zeros(c.shape[0], width, dtype=torch.int64)
     for b in range(width):  # byte b of a group holds group bits [8b, 8b + 8)
         for k in range((8 * b) // width, min(8, (8 * b + 7) // width + 1)):
@@ -46,19 +87,44 @@ def pack_bits(codes: torch.Tensor, width: int) -> torch.Tensor:
     return (out & 0xFF).to(torch.uint8).reshape(-1)[: stream_bytes(n, width)]
 
 
-def unpack_bits(stream: torch.Tensor, n: int, width: int) -> torch.Tensor:
-    """The ``n`` unsigned ``width``-bit codes of a stream (int64); ValueError if the stream's size is not
-    :func:`stream_bytes`."""
+def _stream(stream: torch.Tensor, n: int, width: int) -> torch.Tensor:
     _check_width(width)
     raw = stream.reshape(-1)
     if raw.dtype not in (torch.uint8, torch.int8) or raw.numel() != stream_bytes(n, width):
         raise ValueError(f"a stream of {n} {width}-bit codes is {stream_bytes(n, width)} uint8/int8 bytes, got "
                          f"{raw.numel()} of {raw.dtype}")
-    b = raw.view(torch.uint8).to(torch.int64)
+    return raw.view(torch.uint8)
+
+
+def unpack_bits(stream: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """The ``n`` unsigned ``width``-bit codes of a stream (int64); ValueError if the stream's size is not
+    :func:`stream_bytes`."""
+    b = _stream(stream, n, width)
+    if width <= 8 and 8 % width == 0:
+        return _unpack_small(b, n, width).to(torch.int64)
+    if _word_path(width):
+        g = _group(width)
+        nb = g * width // 8
+        words = torch.zeros(-(-n // g), 8, dtype=torch.uint8)
+        words[:, :nb] = _padded(b, nb).reshape(-1, nb)
+        w = words.view(torch.int64)  # (groups, 1)
+        shifts = torch.arange(0, g * width, width, dtype=torch.int64)
+        return ((w >> shifts) & ((1 << width) - 1)).reshape(-1)[:n]
+    return _unpack_groups_of_8(b, n, width)
+
+
+def _unpack_small(b: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """1, 2, 4 or 8-bit codes as uint8 (``8 // width`` codes per byte, the first in the low bits)."""
     if width == 8:
         return b
+    shifts = torch.arange(0, 8, width, dtype=torch.uint8)
+    return ((b.unsqueeze(1) >> shifts) & ((1 << width) - 1)).reshape(-1)[:n]
+
+
+def _unpack_groups_of_8(b: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """Any width: code k of a group of 8 gathered from the bytes holding its bits."""
     groups = (n + 7) // 8
-    b = torch.cat([b, b.new_zeros(groups * width - b.numel())]).reshape(groups, width)
+    b = _padded(b.to(torch.int64), groups * width).reshape(groups, width)
     out = torch.zeros(groups, 8, dtype=torch.int64)
     for k in range(8):  # code k of a group holds group bits [k * width, (k + 1) * width)
         for byte in range((k * width) // 8, (k * width + width - 1) // 8 + 1):
@@ -67,8 +133,21 @@ def unpack_bits(stream: torch.Tensor, n: int, width: int) -> torch.Tensor:
     return (out & ((1 << width) - 1)).reshape(-1)[:n]
 
 
+def unpack_signed(stream: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """The ``n`` two's complement ``width``-bit codes of a stream: int8 for widths 1, 2, 4, 8 (sign-extended by
+    an arithmetic shift, no int64 round trip), int64 otherwise."""
+    b = _stream(stream, n, width)
+    if width <= 8 and 8 % width == 0:
+        return (_unpack_small(b, n, width) << (8 - width)).view(torch.int8) >> (8 - width)
+    return to_signed(unpack_bits(stream, n, width), width)
+
+
 def to_signed(codes: torch.Tensor, width: int) -> torch.Tensor:
-    """Unsigned ``width``-bit codes read as two's complement."""
+    """Unsigned ``width``-bit codes read as two's complement (signed dtypes: two shifts, the right one
+    arithmetic)."""
+    if codes.dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
+        spare = 8 * codes.element_size() - width
+        return (codes << spare) >> spare if spare > 0 else codes
     return codes - ((codes >> (width - 1)) & 1) * (1 << width)
 
 

@@ -30,8 +30,8 @@ from .packing_bits import (
     pack_bits,
     shape_numel,
     stream_bytes,
-    to_signed,
     unpack_bits,
+    unpack_signed,
     view_shape,
 )
 from .packing_float import minifloat_codes, minifloat_values
@@ -126,7 +126,7 @@ def block_unpack(packed: PackedTensor) -> torch.Tensor:
     if e.numel() and (e.min() < lo or e.max() > hi):  # the packer clamps them into [lo, hi]
         raise ValueError(f"{where}: shared exponents must be in [{lo}, {hi}] (biased by {bias})")
     step = pow2(e, torch.float32) / 2.0 ** (width - 2)
-    codes = to_signed(unpack_bits(packed.parts["codes"], rows * n, width), width).to(torch.float32)
+    codes = unpack_signed(packed.parts["codes"], rows * n, width).to(torch.float32)
     out = _unblock(codes, step, view, axis, n, packed.params["block_size"])
     if not bool(torch.isfinite(out).all()):
         raise ValueError(f"{where}: codes times shared exponents overflow float32 (integer codes hold no inf)")
@@ -155,8 +155,8 @@ def _moved_codes(values: torch.Tensor, moved_shape: tuple[int, ...], n: int) -> 
     return values.reshape(moved_shape)[..., :n].reshape(-1)
 
 
-def pack_block(q: Quantize, x: torch.Tensor, channel_axis: int, block_axis: int, shape: tuple[int, ...],
-               flatten_from: int | None) -> PackedTensor:
+def pack_block(q: Quantize, x: torch.Tensor, ref: torch.Tensor, channel_axis: int, block_axis: int,
+               shape: tuple[int, ...], flatten_from: int | None) -> PackedTensor:
     """Element codes and biased shared exponents of ``q(x)`` for a block_fp / mxint quantizer."""
     p = q.params
     width, bs = int(p["width"]), int(p["block_size"])
@@ -169,7 +169,7 @@ def pack_block(q: Quantize, x: torch.Tensor, channel_axis: int, block_axis: int,
     lo, hi = _exponent_range(ew, bias)
     e = torch.clamp(_floor_log2_amax(blocks), lo, hi)
     step = pow2(e, torch.float32) / 2.0 ** (width - 2)
-    codes = torch.clamp(torch.round(blocks / step), qmin, qmax).to(torch.int64)
+    codes = torch.clamp(torch.round(blocks / step), qmin, qmax).to(torch.int8 if width <= 8 else torch.int64)
     params = {"width": width, "exponent_width": ew, "exponent_bias": bias, "block_size": bs, "axis": block_axis,
               "flatten_from": flatten_from}
     stream = pack_bits(_moved_codes(codes, moved_shape, n), width)
@@ -178,8 +178,8 @@ def pack_block(q: Quantize, x: torch.Tensor, channel_axis: int, block_axis: int,
     return PackedTensor("block", params, shape, parts)
 
 
-def pack_mxfp(q: Quantize, x: torch.Tensor, channel_axis: int, block_axis: int, shape: tuple[int, ...],
-              flatten_from: int | None) -> PackedTensor:
+def pack_mxfp(q: Quantize, x: torch.Tensor, ref: torch.Tensor, channel_axis: int, block_axis: int,
+              shape: tuple[int, ...], flatten_from: int | None) -> PackedTensor:
     """Element bit patterns and E8M0 scales of ``q(x)`` for an mxfp quantizer."""
     from .minifloat import minifloat_quantize
 

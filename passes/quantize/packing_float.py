@@ -120,13 +120,13 @@ def unpack(packed: PackedTensor) -> torch.Tensor:
     return minifloat_values(unpack_bits(packed.parts["codes"], n, fmt.width), fmt).reshape(packed.shape)
 
 
-def pack_minifloat(q: Quantize, x: torch.Tensor, channel_axis: int, block_axis: int, shape: tuple[int, ...],
-                   flatten_from: int | None) -> PackedTensor:
-    """Bit patterns of ``q(x)`` for a minifloat quantizer (elementwise: the axes do not matter)."""
+def pack_minifloat(q: Quantize, x: torch.Tensor, ref: torch.Tensor, channel_axis: int, block_axis: int,
+                   shape: tuple[int, ...], flatten_from: int | None) -> PackedTensor:
+    """Bit patterns of ``ref = q(x)`` for a minifloat quantizer (elementwise: the axes do not matter)."""
     p = q.params
     fmt = MinifloatFormat(p["exponent_width"], p["width"] - 1 - p["exponent_width"], p["exponent_bias"],
                           p["special"])
-    codes = minifloat_codes(q(x).float(), fmt)
+    codes = minifloat_codes(ref.float(), fmt)
     params = {"width": fmt.width, "exponent_width": fmt.exponent_width, "exponent_bias": p["exponent_bias"],
               "special": fmt.special, "flatten_from": flatten_from}
     return PackedTensor(NAME, params, shape, {"codes": pack_bits(codes, fmt.width)})

@@ -32,8 +32,8 @@ from .packing_bits import (
     pack_bits,
     shape_numel,
     stream_bytes,
-    to_signed,
     unpack_bits,
+    unpack_signed,
     view_shape,
 )
 from .quantizer import Quantize
@@ -126,9 +126,9 @@ def unpack(packed: PackedTensor) -> torch.Tensor:
     _check_data(packed, p)
     view = view_shape(tuple(packed.shape), p["flatten_from"])
     w, mode, axis = p["width"], p["mode"], p["axis"]
-    codes = unpack_bits(packed.parts["codes"], shape_numel(view, NAME), w)
-    if _signed(mode, p["symmetric"]):
-        codes = to_signed(codes, w)
+    n = shape_numel(view, NAME)
+    signed = _signed(mode, p["symmetric"])
+    codes = unpack_signed(packed.parts["codes"], n, w) if signed else unpack_bits(packed.parts["codes"], n, w)
     code = codes.to(torch.float32).reshape(view)
     if mode == "fixed":
         out = code / 2.0 ** p["frac_width"]
@@ -147,32 +147,39 @@ def unpack(packed: PackedTensor) -> torch.Tensor:
 
 
 def _codes(c: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """Integer-valued float32 codes as int64 in [lo, hi]: above 2^24 float32 rounds ``hi`` up (2^31 - 1 is
-    2^31), and converting the clipped ``hi`` back to float32 rounds it up again, so nothing is lost."""
+    """Integer-valued float32 codes as integers in [lo, hi] (int8 / int16 when the range fits: pack_bits keeps
+    the low bits either way). Above 2^24 float32 rounds ``hi`` up (2^31 - 1 is 2^31): those are clipped as
+    int64, and converting the clipped ``hi`` back to float32 rounds it up again, so nothing is lost."""
     if torch.isnan(c).any():
         raise NotPackable("the quantized weight holds NaN (an infinite weight makes a scaled integer's scale "
                           "infinite), which integer codes cannot represent")
+    for dtype in (torch.int8, torch.int16):
+        info = torch.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:  # exact in float32: clip there, then cast
+            return torch.clamp(c, lo, hi).to(dtype)
     return c.to(torch.int64).clamp(lo, hi)
 
 
-def pack_int(q: Quantize, x: torch.Tensor, channel_axis: int, block_axis: int, shape: tuple[int, ...],
-             flatten_from: int | None) -> PackedTensor:
-    """Codes and scales of ``q(x)`` for an integer / scaled_integer quantizer (``x``: the view it sees)."""
+def pack_int(q: Quantize, x: torch.Tensor, ref: torch.Tensor, channel_axis: int, block_axis: int,
+             shape: tuple[int, ...], flatten_from: int | None) -> PackedTensor:
+    """Codes and scales of ``ref = q(x)`` for an integer / scaled_integer quantizer (``x``: the view it sees).
+
+    Fixed point's codes are ``ref * 2^frac`` (exact: ``ref`` is ``code / 2^frac``, a power-of-two division), so
+    the quantizer's rounding is not run again; scaled integers round ``x / scale`` as their quantizer does."""
     p = q.params
     width = int(p["width"])
     if torch.isnan(x).any():
         raise NotPackable(f"{q.fmt.name} weight holds NaN, which integer codes cannot represent")
-    ctx = q._context(x, channel_axis, block_axis)
     params: dict[str, Any] = dict.fromkeys(KEYS)
     params.update(width=width, flatten_from=flatten_from)
     tensors: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         if q.fmt.name == "integer" and not q.auto_fixed:
             lo, hi = integer_range(width)
-            scale = 2.0 ** p["frac_width"]
-            codes = _codes(torch.clamp(torch.round(x * scale), lo, hi), lo, hi)
+            codes = _codes(ref * 2.0 ** p["frac_width"], lo, hi)
             params.update(mode="fixed", frac_width=int(p["frac_width"]))
         elif q.fmt.name == "integer":
+            ctx = q._context(x, channel_axis, block_axis)
             assert ctx.scale is not None  # auto fixed point: _context derives a scale from the weight
             frac = -torch.log2(ctx.scale)
             if not torch.equal(frac, torch.round(frac)) or frac.abs().max() > 64:
@@ -180,10 +187,11 @@ def pack_int(q: Quantize, x: torch.Tensor, channel_axis: int, block_axis: int, s
             axis = channel_axis if frac.dim() else None
             pow2 = torch.pow(2.0, broadcast_along(frac, x.dim(), channel_axis))
             lo, hi = integer_range(width)
-            codes = _codes(torch.clamp(torch.round(x * pow2), lo, hi), lo, hi)
+            codes = _codes(ref * pow2, lo, hi)
             params.update(mode="pow2", axis=axis)
             tensors["frac"] = frac.to(torch.int8)
         else:
+            ctx = q._context(x, channel_axis, block_axis)
             assert ctx.scale is not None and ctx.zero_point is not None
             symmetric = bool(p["symmetric"])
             axis = channel_axis if q.per_channel else None
