@@ -37,12 +37,17 @@ class _StraightThrough(torch.autograd.Function):
         return torch.where(mask, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)), None, None
 
 
+def _needs_grad(x: torch.Tensor) -> bool:
+    """Will :func:`straight_through` build a gradient for ``x`` (else it returns ``q`` and ignores the mask)?"""
+    return torch.is_grad_enabled() and x.requires_grad
+
+
 def straight_through(x: torch.Tensor, q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``q`` in the forward pass; the clipped straight-through estimator (grad 1 on ``mask``) backward.
 
     Outside autograd ``q`` is returned as is, so inference results are bit-exact.
     """
-    if torch.is_grad_enabled() and x.requires_grad:
+    if _needs_grad(x):
         return _StraightThrough.apply(x, q.detach(), mask)
     return q
 
@@ -91,6 +96,8 @@ def fixed_point_quantize(x: torch.Tensor, width: int, frac_width: int | torch.Te
     qmin, qmax = integer_range(width)
     with torch.no_grad():
         q = torch.clamp(torch.round(x * scale), qmin, qmax) / scale
+    if not _needs_grad(x):  # the clip mask is only the gradient's (three passes over x saved)
+        return q.to(x.dtype)
     lo, hi = qmin / scale, qmax / scale
     return straight_through(x, q.to(x.dtype), (x >= lo) & (x <= hi))
 
@@ -159,5 +166,7 @@ def scaled_integer_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: to
     zero_point = zero_point.to(x.device)
     with torch.no_grad():
         q = (torch.clamp(torch.round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale
+    if not _needs_grad(x):
+        return q.to(x.dtype)
     lo, hi = (qmin - zero_point) * scale, (qmax - zero_point) * scale
     return straight_through(x, q.to(x.dtype), (x >= lo) & (x <= hi))

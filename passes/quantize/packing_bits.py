@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["NotPackable", "stream_bytes", "pack_bits", "unpack_bits", "to_signed", "unpack_signed", "int_param",
-           "bool_param", "shape_numel", "view_shape", "flatten_param", "check_keys"]
+__all__ = ["NotPackable", "all_finite", "stream_bytes", "pack_bits", "unpack_bits", "to_signed", "unpack_signed",
+           "int_param", "bool_param", "shape_numel", "view_shape", "flatten_param", "check_keys"]
 
 MAX_WIDTH = 32  # widest code a stream holds (codes are carried in int64)
 
@@ -149,6 +149,11 @@ def to_signed(codes: torch.Tensor, width: int) -> torch.Tensor:
         spare = 8 * codes.element_size() - width
         return (codes << spare) >> spare if spare > 0 else codes
     return codes - ((codes >> (width - 1)) & 1) * (1 << width)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or infinity in ``t`` (its min and max propagate both: two fast reductions, no boolean tensor)."""
+    return t.numel() == 0 or bool(torch.isfinite(t.amin()) & torch.isfinite(t.amax()))
 
 
 def int_param(params: Mapping[str, Any], key: str, lo: int, hi: int, where: str) -> int:

@@ -24,6 +24,7 @@ from .fixed import integer_range
 from .minifloat import pow2
 from .packing_bits import (
     NotPackable,
+    all_finite,
     check_keys,
     flatten_param,
     int_param,
@@ -128,7 +129,7 @@ def block_unpack(packed: PackedTensor) -> torch.Tensor:
     step = pow2(e, torch.float32) / 2.0 ** (width - 2)
     codes = unpack_signed(packed.parts["codes"], rows * n, width).to(torch.float32)
     out = _unblock(codes, step, view, axis, n, packed.params["block_size"])
-    if not bool(torch.isfinite(out).all()):
+    if not all_finite(out):
         raise ValueError(f"{where}: codes times shared exponents overflow float32 (integer codes hold no inf)")
     return out.reshape(packed.shape)
 

@@ -25,6 +25,7 @@ from ...graph.packed import Codec, PackedTensor, PartSpec
 from .fixed import broadcast_along, integer_range
 from .packing_bits import (
     NotPackable,
+    all_finite,
     bool_param,
     check_keys,
     flatten_param,
@@ -141,7 +142,7 @@ def unpack(packed: PackedTensor) -> torch.Tensor:
         if axis is not None:
             scale, zero = broadcast_along(scale, len(view), axis), broadcast_along(zero, len(view), axis)
         out = (code - zero) * scale
-    if not bool(torch.isfinite(out).all()):
+    if not all_finite(out):
         raise ValueError(f"packed codec {NAME!r}: codes times scales overflow float32 (integer codes hold no inf)")
     return out.reshape(packed.shape)
 

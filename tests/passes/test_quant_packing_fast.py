@@ -7,8 +7,16 @@ import pytest
 import torch
 
 from fxforge.passes.quantize import packing_int
+from fxforge.passes.quantize.fixed import fixed_point_quantize, scaled_integer_quantize
 from fxforge.passes.quantize.packing import NotPackable, pack_weight, unpack
-from fxforge.passes.quantize.packing_bits import pack_bits, stream_bytes, to_signed, unpack_bits, unpack_signed
+from fxforge.passes.quantize.packing_bits import (
+    all_finite,
+    pack_bits,
+    stream_bytes,
+    to_signed,
+    unpack_bits,
+    unpack_signed,
+)
 from fxforge.passes.quantize.quantizer import Quantize
 
 
@@ -100,3 +108,30 @@ def test_pack_weight_runs_the_quantizer_once(monkeypatch: pytest.MonkeyPatch) ->
         q = _quantizer(spec)
         pack_weight(q, w)
         assert len(calls) == 1, spec
+
+
+def test_all_finite_finds_nan_and_both_infinities() -> None:
+    x = torch.randn(64, 33)
+    assert all_finite(x) and all_finite(torch.zeros(0, 3))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[40, 7] = bad
+        assert not all_finite(y) and not all_finite(torch.tensor(bad))
+
+
+@pytest.mark.parametrize("quantize,lo,hi", [
+    (lambda x: fixed_point_quantize(x, 4, 2), -2.0, 1.75),  # [-8, 7] / 4
+    (lambda x: scaled_integer_quantize(x, torch.tensor(0.25), torch.tensor(0.0), 4, True), -1.75, 1.75),  # narrow
+])
+def test_inference_quantizers_skip_only_the_gradient_mask(quantize: object, lo: float, hi: float) -> None:
+    """Without autograd the clip mask is not built; values equal the autograd path's bit for bit, and the
+    autograd path still passes the gradient only inside the range."""
+    x = torch.linspace(-4, 4, 101)
+    with torch.no_grad():
+        fast = quantize(x)  # type: ignore[operator]
+    xg = x.clone().requires_grad_(True)
+    slow = quantize(xg)  # type: ignore[operator]
+    assert torch.equal(fast, slow.detach())
+    slow.sum().backward()
+    assert xg.grad is not None and 0 < int(xg.grad.sum()) < x.numel()
+    assert torch.equal(xg.grad, ((x >= lo) & (x <= hi)).float())
