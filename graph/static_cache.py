@@ -116,7 +116,7 @@ def _layer_class() -> type:
         """One layer's static cache as values: ``update`` writes the step's keys and values at the step's
         positions into copies (index_copy) and returns them; the graph outputs them."""
 
-        is_compileable = True  # a fixed-size cache: HF then always materialises the mask
+        is_compileable = True  # a fixed-size cache (the step passes its own 4-d mask, so HF builds none)
         is_sliding = False
 
         def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:

@@ -130,3 +130,11 @@ def test_lowered_graphs_generate_the_tokens_of_their_simulated_twins(fmt: str, t
         want = generate(sim, prompt, new, eos_token_ids=[])
         assert torch.equal(generate(low, prompt, new, eos_token_ids=[]), want)
         assert torch.equal(generate(back, prompt, new, eos_token_ids=[]), want)
+
+
+def test_eager_attention_takes_an_additive_mask_and_equals_hf() -> None:
+    """With attn_implementation='eager' HF adds the mask to the scores: the step passes 0 / finfo.min, not bools."""
+    lm = tiny_hf("llama", attn_implementation="eager")
+    mg = capture_static_cache(lm, 32)
+    prompt = _prompt(5, 0)
+    assert torch.equal(generate(mg, prompt, 25, eos_token_ids=[]), _hf(lm, prompt, 25, eos_token_id=None))
