@@ -38,6 +38,7 @@ from .checkpoint_values import check_node_name, check_path, encode_value, join
 from .known_ops import op_schema
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import dtype_name, get_meta, has_meta
+from .packed import packers
 from .reference_outputs import outputs_of
 from .stored_writes import StoredReach
 from .targets import CheckpointError, is_identifier
@@ -96,9 +97,12 @@ def _collect_state(gm: fx.GraphModule, pack: bool = True) -> tuple[dict[str, Any
                   for t in [_attr_tensor(gm, str(n.target))] if t is not None}
         uses = [(name.rpartition(".")[0], mod, attr, t) for name, t, _, _, mod, attr in pending]
         plan = plan_packing(uses, direct, {i for i in recorded if i != id(gm)})
-    for mid, (packer, attrs) in plan.marks.items():
-        mod, entry = recorded[mid]
-        entry["config"] = packer.mark(mod, entry["config"], frozenset(attrs))
+    for mid, (mod, entry) in recorded.items():  # every packer marks every config: packed attrs, or none
+        marked = plan.marks.get(mid)
+        for packer in packers():
+            if isinstance(entry["config"], dict):
+                attrs = marked[1] if marked is not None and marked[0] is packer else set()
+                entry["config"] = packer.mark(mod, entry["config"], frozenset(attrs))
     entries, stored = _record_tensors(pending, plan)
     state = {"modules": modules, "module_aliases": module_aliases, "tensors": entries, "training": flags[""],
              "training_exceptions": {p: f for p, f in flags.items() if f != flags[""]}}

@@ -117,6 +117,22 @@ def _check_record(i: int, e: dict[str, Any], value: torch.Tensor, wpath: Path, v
                               f"{tuple(shape)} {getattr(torch, dtype)}")
 
 
+def _check_packed_uses(gm: fx.GraphModule, records: dict[str, PackedTensor], wpath: Path) -> None:
+    """Every packed tensor (aliases included) must be one a packer stores packed for its module, with the
+    record its config would write, and no module may pass values through that were not stored packed."""
+    claimed: set[str] = set()
+    for p in packers():
+        try:
+            claimed |= p.check(gm, records)
+        except ValueError as exc:
+            raise CheckpointError(f"{wpath}: {exc}"[:800]) from None
+    for name in sorted(set(records) - claimed):
+        path, _, attr = name.rpartition(".")
+        module = gm.get_submodule(path)
+        raise CheckpointError(f"{wpath}: tensor {name!r} is stored packed, but {type(module).__name__} {path!r} "
+                              f"does not quantize its {attr!r}: only a quantized layer's tensors are packed")
+
+
 def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, torch.Tensor], wpath: Path,
                     configured: set[int], version: int) -> None:
     """Attach parameters, buffers and constants, re-tying aliases; every stored tensor must be used and have
@@ -172,6 +188,8 @@ def _attach_tensors(gm: fx.GraphModule, doc: dict[str, Any], weights: dict[str, 
     unused = sorted(set(weights) - used)
     if unused:
         raise CheckpointError(f"{wpath}: holds tensors graph.json does not mention: {unused[:5]}")
+    _check_packed_uses(gm, {e["name"]: decoded[e.get("alias_of") or e["name"]] for e in doc["tensors"]
+                            if (e.get("alias_of") or e["name"]) in decoded}, wpath)
     for mname, mod in gm.named_modules(remove_duplicate=False):
         for tname, t in (*mod._parameters.items(), *mod._buffers.items(), *vars(mod).items()):
             if isinstance(t, torch.Tensor) and t.is_meta:

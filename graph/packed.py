@@ -88,15 +88,20 @@ class Packer:
 
     ``pack(module, attr, tensor)`` returns the :class:`PackedTensor` whose decoded values ``module`` uses
     exactly as it uses ``tensor``, an :class:`Unpacked` reason, or None for a use it does not know;
-    ``mark(module, config, attrs)`` returns ``module``'s checkpoint config once ``attrs`` are stored packed
-    (e.g. its quantizers pass those decoded values through); ``loaded(module, attr, packed)`` is told what a
-    checkpoint decoded, so saving the unchanged tensor again stores the very same record.
+    ``mark(module, config, attrs)`` returns the checkpoint config of every recorded module once ``attrs`` (maybe
+    none) are stored packed (e.g. its quantizers pass exactly those decoded values through, no others);
+    ``loaded(module, attr, packed)`` is told what a checkpoint decoded, so saving the unchanged tensor again
+    stores the very same record; ``check(root, records)`` is given the loaded module tree and the records of
+    the tensors stored packed (by tensor name, aliases included): it raises ValueError where a module it packs
+    disagrees with what was stored (a record its config would not write, a pass-through without a record) and
+    returns the names it accounts for -- a record no packer accounts for is refused.
     """
 
     name: str
     pack: Callable[[nn.Module, str, torch.Tensor], PackedTensor | Unpacked | None]
     mark: Callable[[nn.Module, dict[str, Any], frozenset[str]], dict[str, Any]]
     loaded: Callable[[nn.Module, str, PackedTensor], None]
+    check: Callable[[nn.Module, Mapping[str, PackedTensor]], set[str]]
 
 
 _PACKERS: dict[str, Packer] = {}

@@ -11,6 +11,7 @@ the reloaded quantizer keeps the record, so saving the unchanged values again st
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from .modules import (
     QuantizedLayerNorm,
     QuantizedLinear,
 )
-from .packing import NotPackable, pack_layer_weight
+from .packing import NotPackable, pack_layer_weight, pack_weight
 from .quantizer import Quantize
 
 __all__ = ["PACKER", "PACKED_ROLES"]
@@ -65,11 +66,57 @@ def _pack(module: nn.Module, attr: str, tensor: torch.Tensor) -> PackedTensor | 
 
 
 def _mark(module: nn.Module, config: dict[str, Any], attrs: frozenset[str]) -> dict[str, Any]:
-    """``module``'s config with the quantizers of the packed ``attrs`` passing their stored values through."""
+    """``module``'s config with the quantizers of the packed ``attrs`` passing their stored values through, and
+    every other quantizer quantizing (a tensor stored fp32 is quantized again when reloaded)."""
     out = copy.deepcopy(config)
-    for role in attrs:
-        out["quantizers"][role]["prequantized"] = True
+    if isinstance(out.get("prequantized"), bool):  # a Quantize module of its own (an activation's)
+        out["prequantized"] = False
+    quantizers = out.get("quantizers")
+    if isinstance(quantizers, dict):
+        for role, qc in quantizers.items():
+            if isinstance(qc, dict) and "prequantized" in qc:
+                qc["prequantized"] = role in attrs
     return out
+
+
+def _expected(module: nn.Module, attr: str, q: Quantize) -> tuple[str, dict[str, Any]]:
+    """The codec and params ``module``'s ``attr`` quantizer writes (they depend on its config and the tensor's
+    rank only, so a tensor of ones of that rank shows them)."""
+    fresh = Quantize.from_config({**q.to_config(), "prequantized": False})
+    flatten = 1 if isinstance(module, (QuantizedConv1d, QuantizedConv2d)) and attr == "weight" else None
+    try:
+        p = pack_weight(fresh, torch.zeros((1,) * getattr(module, attr).dim()), flatten_from=flatten)
+    except NotPackable as exc:
+        raise ValueError(f"its quantizer writes no packed record: {exc}") from None
+    return p.codec, dict(p.params)
+
+
+def _check(root: nn.Module, records: Mapping[str, PackedTensor]) -> set[str]:
+    """Refuse a packed record the layer's quantizer would not write (another format, width, axis...: the layer
+    would silently compute in the record's format) or whose quantizer does not pass it through, and any
+    quantizer passing values through (``prequantized``) that were not decoded from such a record."""
+    claimed: set[str] = set()
+    passing: set[int] = set()
+    for name, record in records.items():
+        path, _, attr = name.rpartition(".")
+        module = root.get_submodule(path)
+        q = _quantizer(module, attr)
+        if q is None or type(module) not in _LAYERS:
+            continue
+        if not q.prequantized:
+            raise ValueError(f"tensor {name!r} is stored packed, but its quantizer is not marked prequantized "
+                             "(the packer marks every packed tensor's quantizer)")
+        want = _expected(module, attr, q)
+        if (record.codec, dict(record.params)) != want:
+            raise ValueError(f"tensor {name!r}: its record ({record.codec!r}, {dict(record.params)}) is not what "
+                             f"its quantizer ({q.spec.to_json()}) writes: ({want[0]!r}, {want[1]})")
+        claimed.add(name)
+        passing.add(id(q))
+    for path, m in root.named_modules(remove_duplicate=False):
+        if isinstance(m, Quantize) and m.prequantized and id(m) not in passing:
+            raise ValueError(f"quantizer {path!r} (role {m.role}) is marked prequantized, but no tensor it "
+                             "quantizes was stored packed: it would pass float values through unquantized")
+    return claimed
 
 
 def _loaded(module: nn.Module, attr: str, packed: PackedTensor) -> None:
@@ -79,4 +126,4 @@ def _loaded(module: nn.Module, attr: str, packed: PackedTensor) -> None:
         setattr(q, _SOURCE, packed)
 
 
-PACKER = register_packer(Packer("fxforge.quantize", _pack, _mark, _loaded))
+PACKER = register_packer(Packer("fxforge.quantize", _pack, _mark, _loaded, _check))

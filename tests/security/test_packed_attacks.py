@@ -38,8 +38,8 @@ def _config(spec: dict[str, Any], roles: tuple[str, ...] = ("weight", "bias")) -
     return {"name": spec["name"], **{f"{r}_{k}": v for r in roles for k, v in params.items()}}
 
 
-def _quantized(fmt: str, by_name: bool = False) -> ForgeGraph:
-    cfg = {"config": _config(FORMATS[fmt])}
+def _quantized(fmt: str, by_name: bool = False, data_in: bool = False) -> ForgeGraph:
+    cfg = {"config": _config(FORMATS[fmt], ("data_in", "weight", "bias") if data_in else ("weight", "bias"))}
     args = {"by": "name", "fc": cfg} if by_name else {"by": "type", "linear": cfg}
     return passes.quantize_transform_pass(tiny_graph("fx"), args)[0]
 
@@ -51,7 +51,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     def get(key: str) -> Path:
         if key not in made:
             fmt, _, how = key.partition(":")
-            mg = _quantized(fmt, by_name=how == "fc_only")
+            mg = _quantized(fmt, by_name=how == "fc_only", data_in=how == "io")
             made[key] = mg.export(tmp_path_factory.mktemp("packed") / key.replace(":", "_"), pack=how != "float")
         return made[key]
     return get
@@ -201,3 +201,91 @@ def test_parts_decoding_to_values_the_format_cannot_hold_are_refused(
         _set_part(ckpt, f"{W}:codes", lambda t: t.fill_(0x77))  # every element +6.0 (E2M1 0b0111)
     _set_part(ckpt, key, edit)
     _refused(ckpt, W)
+
+
+# -- records that disagree with the layer's config ----------------------------------------------------------
+@pytest.mark.parametrize("spec", [
+    FORMATS["mxfp4"],  # another codec
+    {"name": "integer", "width": 8, "frac_width": 5},  # the same codec at another width
+    {"name": "integer", "width": 4, "frac_width": 1},  # the same width, another fraction width
+    {"name": "integer", "width": 4, "frac_width": "auto"},  # another mode
+])
+def test_a_record_of_another_format_than_the_layers_config_is_refused(copy: Callable[[str], Path],
+                                                                      spec: dict[str, Any]) -> None:
+    """The int4 layer would pass the record's values through (prequantized) and silently compute in the
+    record's format; the loader refuses a record its quantizer would not have written."""
+    ckpt = copy("int4")
+    torch.manual_seed(1)
+    _transplant(ckpt, W, _pack_as(spec, torch.randn(8, 4)))
+    _refused(ckpt, W, "not what its quantizer")
+
+
+def test_a_record_with_another_block_axis_than_the_config_is_refused(copy: Callable[[str], Path]) -> None:
+    ckpt = copy("mxint4")
+    q = Quantize({"format": "mxint", "width": 4, "block_size": 32}, "weight", is_param=True, channel_axis=0,
+                 block_axis=0)
+    _transplant(ckpt, W, pack_weight(q, torch.randn(8, 4)))
+    _refused(ckpt, W, "not what its quantizer")
+
+
+def test_a_record_on_a_tensor_of_a_module_that_is_not_quantized_is_refused(copy: Callable[[str], Path]) -> None:
+    ckpt = copy("int4:fc_only")
+    _transplant(ckpt, "out.weight", _pack_as(FORMATS["int4"], torch.randn(3, 8)))
+    _refused(ckpt, "out.weight", "does not quantize")
+
+
+def test_a_record_whose_quantizer_is_not_marked_prequantized_is_refused(copy: Callable[[str], Path]) -> None:
+    ckpt = copy("int4")
+    edit_json(ckpt, "graph.json", lambda g: _module(g)["config"]["quantizers"]["weight"].update(prequantized=False))
+    _refused(ckpt, W, "prequantized")
+
+
+@pytest.mark.parametrize("key, role", [("int4:float", "weight"), ("int4:float", "bias"), ("int4:io", "data_in")])
+def test_prequantized_set_by_hand_without_a_packed_record_is_refused(copy: Callable[[str], Path], key: str,
+                                                                     role: str) -> None:
+    """``prequantized: true`` on an fp32 weight (or an activation) would run the layer unquantized, silently."""
+    ckpt = copy(key)
+    ForgeGraph.from_checkpoint(ckpt)
+    edit_json(ckpt, "graph.json", lambda g: _module(g)["config"]["quantizers"][role].update(prequantized=True))
+    _refused(ckpt, "fc", role, "prequantized")
+
+
+def test_a_packed_bias_on_a_layer_built_without_bias_is_refused(copy: Callable[[str], Path]) -> None:
+    ckpt = copy("int4")
+    edit_json(ckpt, "graph.json", lambda g: _module(g)["config"].update(bias=False))
+    _refused(ckpt, "fc.bias")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda g: _entry(g, "out.weight")["packed"]["parts"].update(codes="fc.weight:codes"), "parts must map"),
+    (lambda g: _entry(g, "out.weight").update(name="fc.weight:codes"), "fc.weight:codes"),
+])
+def test_part_keys_cannot_be_shared_or_collide_with_tensor_names(copy: Callable[[str], Path],
+                                                                 edit: Callable[[dict[str, Any]], None],
+                                                                 match: str) -> None:
+    ckpt = copy("int4")
+    edit_json(ckpt, "graph.json", edit)
+    _refused(ckpt, match)
+
+
+def test_reexport_of_a_reloaded_packed_graph_without_packing_reloads_quantized(copy: Callable[[str], Path],
+                                                                               tmp_path: Path) -> None:
+    """A careless round trip: packed -> reload -> export(pack=False) -> reload keeps the int4 values and the
+    reloaded layer quantizes its (float-stored) weight again instead of passing it through."""
+    back = ForgeGraph.from_checkpoint(copy("int4"))
+    again = ForgeGraph.from_checkpoint(back.export(tmp_path / "float", pack=False))
+    x = torch.randn(5, 4)
+    assert torch.equal(again(x=x), back(x=x))
+    assert not again.modules()["fc"].weight_quantizer.prequantized
+
+
+def test_verify_names_the_tensor_in_one_line_without_a_traceback(copy: Callable[[str], Path],
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from fxforge.cli.app import main
+
+    ckpt = copy("scaled4")
+    _set_part(ckpt, f"{W}:scale", lambda t: t.fill_(float("nan")))
+    assert main(["verify", str(ckpt)]) == 1
+    err = capsys.readouterr().err
+    assert f"tensor '{W}'" in err and "scales must be finite" in err and "Traceback" not in err
+    assert err.strip().count("\n") == 0, err
