@@ -289,3 +289,55 @@ def test_verify_names_the_tensor_in_one_line_without_a_traceback(copy: Callable[
     err = capsys.readouterr().err
     assert f"tensor '{W}'" in err and "scales must be finite" in err and "Traceback" not in err
     assert err.strip().count("\n") == 0, err
+
+
+class _TwoLinears(torch.nn.Module):
+    """Two (4, 4) linears: ``a`` quantized, ``b`` not, so a forger can tie b's weight to a's packed one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def test_an_alias_of_a_packed_tensor_on_a_module_that_is_not_quantized_is_refused(tmp_path: Path) -> None:
+    from fxforge import ExampleInputs
+
+    mg = ForgeGraph(_TwoLinears().eval(), example_inputs=ExampleInputs((torch.randn(2, 4),), {}), frontend="fx")
+    mg, _ = passes.quantize_transform_pass(mg, {"by": "name", "a": {"config": _config(FORMATS["int4"])}})
+    ckpt = mg.export(tmp_path / "ckpt")
+
+    def tie(g: dict[str, Any]) -> None:
+        entry = _entry(g, "b.weight")
+        entry.clear()
+        entry.update(name="b.weight", kind="parameter", alias_of="a.weight", shape=[4, 4], dtype="float32")
+    edit_json(ckpt, "graph.json", tie)
+    weights = {k: v for k, v in _weights(ckpt).items() if k != "b.weight"}
+    rewrite(ckpt, "weights.safetensors", safetensors.torch.save(weights))
+    _refused(ckpt, "b.weight", "does not quantize")
+
+
+def test_an_empty_packed_tensor_loads_or_is_refused_cleanly(copy: Callable[[str], Path]) -> None:
+    """A (8, 0) weight of a Linear(0, 8): zero codes decode to an empty weight, nothing crashes."""
+    ckpt = copy("int4")
+
+    def edit(g: dict[str, Any]) -> None:
+        _entry(g).update(shape=[8, 0])
+        _module(g)["config"].update(in_features=0)
+    edit_json(ckpt, "graph.json", edit)
+    _set_part(ckpt, f"{W}:codes", lambda t: t[:0])
+    back = ForgeGraph.from_checkpoint(ckpt)
+    assert tuple(back.modules()["fc"].weight.shape) == (8, 0)
+
+
+def test_verify_names_the_tensor_of_a_record_of_another_format(copy: Callable[[str], Path],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from fxforge.cli.app import main
+
+    ckpt = copy("int4")
+    _transplant(ckpt, W, _pack_as(FORMATS["mxfp4"], torch.randn(8, 4)))
+    assert main(["verify", str(ckpt)]) == 1
+    err = capsys.readouterr().err
+    assert f"tensor '{W}'" in err and "not what its quantizer" in err and "Traceback" not in err
