@@ -61,7 +61,8 @@ TRAIN_ARGS: dict[str, Any] = {"learning_rate": 1e-3, "per_device_train_batch_siz
                               "training_args": {"warmup_steps": 0.1, "eval_strategy": "no"}}
 # The search's points: FFN units removed x (embedding, linear) weight widths. Linear activations are 8-bit
 # per tensor, per batch: the arithmetic of the int8 GEMM these linears are lowered to.
-POINTS: tuple[tuple[float, int, int], ...] = ((0.5, 4, 8), (0.75, 4, 8), (0.5, 8, 8), (0.5, 4, 4))
+# FFN units are scored by Taylor importance on 64 training reviews (l1 magnitude lost 10 points at 50 %, measured).
+POINTS: tuple[tuple[float, int, int], ...] = ((0.375, 4, 8), (0.5, 4, 8), (0.5, 4, 4))
 
 
 def build_task(train: int = 960, eval_size: int = 200, max_length: int = 128) -> TextClassificationTask:
@@ -145,7 +146,8 @@ def point_params(ffn: float, emb_bits: int, lin_bits: int) -> dict[str, Any]:
 
 def search(story: Story, base: ForgeGraph, task: TextClassificationTask, out: Path, trials: int) -> SearchResult:
     done = timed(story, f"Search FFN pruning x weight widths ({trials} trials, study {out / 'search'})")
-    space = JointSpace(PruningSpace([0.5, 0.75], groups={"ffn": FFN}, granularity="ffn", shrink=True),
+    space = JointSpace(PruningSpace([0.375, 0.5], groups={"ffn": FFN}, granularity="ffn", method="taylor",
+                                    shrink=True),
                        MixedPrecisionSpace({"scaled_integer": {"width": [4, 8], "symmetric": [True, False],
                                                                "granularity": ["per_channel", "per_tensor"],
                                                                "dynamic": True}},
