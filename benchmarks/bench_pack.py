@@ -1,6 +1,7 @@
 """How long exporting a packed checkpoint takes: MiniLM with 4-bit fixed-point linears and embeddings.
 
-    .venv/bin/python -m fxforge.benchmarks.bench_pack [--quick] [--rounds N] [--profile] [--model tiny]
+    .venv/bin/python -m fxforge.benchmarks.bench_pack [--quick] [--threads 1] [--rounds N] [--profile]
+        [--format int4|scaled8|mxint4|fp8] [--model minilm|tiny]
 
 The search measures ``checkpoint_bytes`` by exporting every trial, so export time is search time (and
 ``make demo`` time). Printed, in one run: the CPU, threads and load average; then the export of the
@@ -58,9 +59,18 @@ def cpu_line() -> str:
     return f"{name}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load average {load:.2f}"
 
 
-def quantized_model(model: str) -> ForgeGraph:
-    """MiniLM (or tiny BERT) with every linear and embedding weight in 4-bit fixed point (frac_width auto), as the
-    search's 4-bit points quantize them."""
+# --format: the weights' format, as the quantize pass's flat config (weights only)
+FORMATS: dict[str, dict[str, Any]] = {
+    "int4": {"name": "integer", "weight_width": 4, "weight_frac_width": "auto"},
+    "scaled8": {"name": "scaled_integer", "weight_width": 8, "weight_granularity": "per_channel"},
+    "mxint4": {"name": "mxint", "weight_width": 4, "weight_block_size": 32},
+    "fp8": {"name": "minifloat", "weight_width": 8, "weight_exponent_width": 4, "weight_special": "fn"},
+}
+
+
+def quantized_model(model: str, fmt: str = "int4") -> ForgeGraph:
+    """MiniLM (or tiny BERT) with every linear and embedding weight in ``fmt`` (default: 4-bit fixed point,
+    frac_width auto, as the search's 4-bit points quantize them)."""
     from fxforge import passes
 
     if model == "minilm":
@@ -70,7 +80,7 @@ def quantized_model(model: str) -> ForgeGraph:
         from fxforge.models.bert import tiny_bert
         net = tiny_bert().eval()
     mg = ForgeGraph(net, hf_input_names=HF_NAMES).eval()
-    spec = {"name": "integer", "weight_width": 4, "weight_frac_width": "auto"}
+    spec = FORMATS[fmt]
     config = {"by": "type", "default": {"config": {"name": None}}, "linear": {"config": spec},
               "embedding": {"config": spec}}
     mg, _ = passes.quantize_transform_pass(mg, config)
@@ -128,6 +138,7 @@ def profile(mg: ForgeGraph, workdir: Path, top: int = 25) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm", choices=["minilm", "tiny"])
+    parser.add_argument("--format", default="int4", choices=sorted(FORMATS), help="the weights' format")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--quick", action="store_true", help="2 rounds, 1 warm-up")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of one export")
@@ -138,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     rounds, warmup = (2, 1) if args.quick else (args.rounds, 1)
     print(f"CPU: {cpu_line()}")
     start = time.perf_counter()
-    mg = quantized_model(args.model)
+    mg = quantized_model(args.model, args.format)
     n = sum(p.numel() for p in mg.model.parameters())
-    print(f"{args.model}: {n / 1e6:.1f}M parameters, linears + embeddings in 4-bit fixed point "
+    print(f"{args.model}: {n / 1e6:.1f}M parameters, linears + embeddings in {args.format} {FORMATS[args.format]} "
           f"(built in {time.perf_counter() - start:.1f} s)")
     with tempfile.TemporaryDirectory(prefix="fxforge-bench-pack-") as tmp:
         work = Path(tmp)
