@@ -5,7 +5,9 @@ For each quantized parameter (``weight``, ``bias``) of the quantize pass's own l
 (:class:`NotPackable`, a subclass whose forward changes the weight first, an embedding renormalising rows in
 place). A stored packed tensor reloads as its quantized values, so the checkpoint marks that role's quantizer
 ``prequantized`` (it passes them through: re-quantizing is not bit-exact for scale-from-range formats), and
-the reloaded quantizer keeps the record, so saving the unchanged values again stores the same bytes.
+the reloaded quantizer keeps the record, so saving the unchanged values again stores the same bytes. Every
+other quantizer is saved quantizing; loading refuses a record other than the one the layer's quantizer writes
+(it would compute in the record's format) and a ``prequantized`` quantizer without a packed record.
 """
 
 from __future__ import annotations
