@@ -30,6 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import functools  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import tempfile  # noqa: E402
@@ -72,16 +73,16 @@ def torchao_dynamic(graph: ForgeGraph) -> torch.nn.Module:
 
 def onnxruntime_dynamic(model: torch.nn.Module, inputs: dict[str, torch.Tensor], workdir: Path) -> Any:
     """An ONNX Runtime session of ``model`` quantized by ORT's dynamic int8, or the reason there is none."""
-    try:
-        import onnxruntime as ort
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+    try:  # optional, not in the lock: imported by name so type checking does not need it
+        ort = importlib.import_module("onnxruntime")
+        quantization = importlib.import_module("onnxruntime.quantization")
     except ImportError:
         return "onnxruntime is not installed in this environment: skipped"
     fp32, int8 = workdir / "model.onnx", workdir / "model.int8.onnx"
     names = list(inputs)
     torch.onnx.export(model, (), str(fp32), kwargs=dict(inputs), input_names=names, output_names=["logits"],
                       dynamic_axes={n: {0: "batch", 1: "length"} for n in names}, dynamo=False)
-    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
+    quantization.quantize_dynamic(str(fp32), str(int8), weight_type=quantization.QuantType.QInt8)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
     session = ort.InferenceSession(str(int8), opts, providers=["CPUExecutionProvider"])

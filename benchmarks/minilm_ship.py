@@ -13,7 +13,6 @@ checkpoint's weights file) and in memory (parameter and buffer bytes), never com
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,12 +94,8 @@ def linear_macs(graph: ForgeGraph, tokens: int) -> int:
     """Multiply-accumulates of the graph's Linear-like layers for ``tokens`` rows (the compute ceiling's unit)."""
     total = 0
     for module in graph.model.modules():
-        shape: Sequence[int] | None = None
-        if isinstance(module, torch.nn.Linear):
-            shape = (module.out_features, module.in_features)
-        elif hasattr(module, "in_features") and hasattr(module, "out_features") \
-                and getattr(module, "fxforge_op", "") == "linear":
-            shape = (int(module.out_features), int(module.in_features))
-        if shape is not None:
-            total += shape[0] * shape[1] * tokens
+        layer: Any = module
+        if isinstance(module, torch.nn.Linear) or (getattr(module, "fxforge_op", "") == "linear"
+                                                   and hasattr(layer, "in_features")):
+            total += int(layer.out_features) * int(layer.in_features) * tokens
     return total
