@@ -8,6 +8,7 @@ elements with the same two functions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,15 +44,51 @@ def _nan_code(fmt: MinifloatFormat) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def _tables(fmt: MinifloatFormat) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For formats of at most 8 bits: every code's float32 value, and the inverse table from a value's top 16 bits
+    (sign, exponent, 7 mantissa bits) to its code (-1 off the grid); None when some value needs more bits of
+    float32 than its top 16 (the elementwise conversions then run). Both come from the elementwise functions."""
+    if fmt.width > 8:
+        return None
+    codes = torch.arange(2**fmt.width, dtype=torch.int64)
+    values = _values_elementwise(codes, fmt)
+    bits = values.view(torch.int32)
+    real = ~torch.isnan(values)
+    if bool((bits[real] & 0xFFFF).any()):
+        return None
+    inverse = torch.full((1 << 16,), -1, dtype=torch.int64)
+    inverse[(bits[real] >> 16) & 0xFFFF] = codes[real]
+    return values, inverse
+
+
 def minifloat_codes(v: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
-    """The int64 bit patterns of float32 values on ``fmt``'s grid; NotPackable for a NaN / inf it cannot hold."""
-    m, top = fmt.mantissa_width, 2**fmt.exponent_width - 1
+    """The int64 bit patterns of float32 values on ``fmt``'s grid; NotPackable for a NaN / inf it cannot hold.
+
+    Formats of at most 8 bits look the codes up by the values' top 16 bits (:func:`_tables`); a value off the
+    grid gets some code, which is why every pack is checked by unpacking."""
+    m = fmt.mantissa_width
     nan, inf = torch.isnan(v), torch.isinf(v)
     nan_code = _nan_code(fmt)
-    if nan.any() and nan_code is None:
+    has_nan = bool(nan.any())
+    if has_nan and nan_code is None:
         raise NotPackable(f"minifloat E{fmt.exponent_width}M{m} ({fmt.special!r}) has no NaN code")
     if inf.any() and fmt.special != "ieee":
         raise NotPackable(f"minifloat E{fmt.exponent_width}M{m} ({fmt.special!r}) has no infinity")
+    tables = _tables(fmt)
+    if tables is None:
+        return _codes_elementwise(v, fmt, nan, inf, nan_code)
+    code = tables[1][(v.float().view(torch.int32) >> 16) & 0xFFFF]
+    if has_nan:  # NaN keeps its sign, as the elementwise conversion does
+        assert nan_code is not None
+        code = torch.where(nan, nan_code | (torch.signbit(v).to(torch.int64) << (fmt.width - 1)), code)
+    return code
+
+
+def _codes_elementwise(v: torch.Tensor, fmt: MinifloatFormat, nan: torch.Tensor, inf: torch.Tensor,
+                       nan_code: int | None) -> torch.Tensor:
+    """:func:`minifloat_codes` by frexp and shifts in float64 / int64 (any width)."""
+    m, top = fmt.mantissa_width, 2**fmt.exponent_width - 1
     sign = torch.signbit(v).to(torch.int64)
     a = torch.where(nan | inf, torch.zeros_like(v), v.abs()).to(torch.float64)
     _, e = torch.frexp(a)
@@ -68,7 +105,16 @@ def minifloat_codes(v: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
 
 
 def minifloat_values(code: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
-    """The float32 values of int64 bit patterns of ``fmt`` (exact: every value of the format is a float32)."""
+    """The float32 values of int64 bit patterns of ``fmt`` (exact: every value of the format is a float32); bits
+    above the format's width are ignored. Formats of at most 8 bits index the table of all their values."""
+    tables = _tables(fmt)
+    if tables is None:
+        return _values_elementwise(code, fmt)
+    return tables[0][code.to(torch.int64) & (2**fmt.width - 1)]
+
+
+def _values_elementwise(code: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
+    """:func:`minifloat_values` by shifts and float64 arithmetic (any width)."""
     m, top = fmt.mantissa_width, 2**fmt.exponent_width - 1
     sign = (code >> (fmt.width - 1)) & 1
     biased = (code >> m) & top

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxforge.passes.quantize import packing_int
+from fxforge.passes.quantize import packing_float, packing_int
 from fxforge.passes.quantize.fixed import fixed_point_quantize, scaled_integer_quantize
+from fxforge.passes.quantize.minifloat import SPECIALS, MinifloatFormat
 from fxforge.passes.quantize.packing import NotPackable, pack_weight, unpack
 from fxforge.passes.quantize.packing_bits import (
     all_finite,
@@ -17,6 +18,7 @@ from fxforge.passes.quantize.packing_bits import (
     unpack_bits,
     unpack_signed,
 )
+from fxforge.passes.quantize.packing_float import minifloat_codes, minifloat_values
 from fxforge.passes.quantize.quantizer import Quantize
 
 
@@ -135,3 +137,46 @@ def test_inference_quantizers_skip_only_the_gradient_mask(quantize: object, lo: 
     slow.sum().backward()
     assert xg.grad is not None and 0 < int(xg.grad.sum()) < x.numel()
     assert torch.equal(xg.grad, ((x >= lo) & (x <= hi)).float())
+
+
+def _minifloat_formats() -> list[MinifloatFormat]:
+    out = []
+    for width in range(3, 9):
+        for ew in range(1, width):
+            for special in SPECIALS:
+                for bias in (None, -3, 20):
+                    try:
+                        out.append(MinifloatFormat(ew, width - 1 - ew, bias, special))
+                    except ValueError:
+                        continue
+    return out
+
+
+def test_minifloat_tables_equal_the_elementwise_conversions() -> None:
+    """For every minifloat of at most 8 bits (all exponent widths, specials, three biases): each code's value from
+    the table is bit for bit the elementwise one, and each value (NaN of both signs, +-0, +-inf) looks up the
+    elementwise code. The table path is taken for most of them."""
+    tabled = 0
+    for fmt in _minifloat_formats():
+        codes = torch.arange(2**fmt.width)
+        want = packing_float._values_elementwise(codes, fmt)
+        got = minifloat_values(codes, fmt)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), fmt
+        assert torch.equal(minifloat_values(codes + (5 << fmt.width), fmt).view(torch.int32), want.view(torch.int32))
+        nan, inf = torch.isnan(want), torch.isinf(want)
+        nan_code = packing_float._nan_code(fmt)
+        keep = ~nan | torch.tensor(nan_code is not None)
+        v = want[keep]
+        assert torch.equal(minifloat_codes(v, fmt),
+                           packing_float._codes_elementwise(v, fmt, nan[keep], inf[keep], nan_code)), fmt
+        tabled += packing_float._tables(fmt) is not None
+    assert tabled > 100
+
+
+def test_minifloat_off_grid_values_are_not_packable() -> None:
+    """A value between two E4M3 values gets a code that does not reproduce it, which the pack check refuses."""
+    q = _quantizer({"format": "minifloat", "width": 8, "exponent_width": 4, "special": "fn"})
+    q.prequantized = True  # passes the float weight through: values off the grid
+    with pytest.raises(NotPackable, match="do not reproduce"):
+        pack_weight(q, torch.full((4, 4), 1.0 + 2.0**-10))
+    assert torch.equal(unpack(pack_weight(q, torch.full((4, 4), 1.125))), torch.full((4, 4), 1.125))
