@@ -209,11 +209,29 @@ class Quantize(nn.Module):
         if self.observer is not None:
             self.observer.observe(x)
             return x
-        if not self.enabled or self.prequantized:
+        if not self.enabled or (self.prequantized and self._holds_packed_values(x)):
             return x
         # Parameters are re-quantized on every call: no cache keyed on the tensor's version counter,
         # which fused/foreach optimizers and ``param.data = ...`` update without bumping.
         return self._forward(x)
+
+    def _holds_packed_values(self, x: torch.Tensor) -> bool:
+        """A prequantized quantizer passes through only the values its checkpoint record decodes to: a weight
+        changed since (fine-tuning, in place or by a fused optimizer that bumps no version counter) is quantized
+        again instead of computing in float behind the config's format; the check costs about one quantization.
+        Traced (fake) tensors, and an embedding's looked-up rows (not the whole record), pass through."""
+        source = getattr(self, "packed_source", None)  # set by passes/quantize/packed_layers on load
+        if source is None or is_fake(x) or torch.compiler.is_compiling():
+            return True
+        from ...graph.packed import codec
+
+        with torch.no_grad():
+            decoded = codec(source.codec).unpack(source)
+            y = x.detach().cpu()
+            if decoded.numel() != y.numel():  # an embedding's looked-up rows: not the tensor the record holds
+                return True
+            return y.dtype == torch.float32 and torch.equal(  # bitwise (NaN, -0.0)
+                decoded.reshape(y.shape).view(torch.int32), y.contiguous().view(torch.int32))
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 0:

@@ -341,3 +341,26 @@ def test_verify_names_the_tensor_of_a_record_of_another_format(copy: Callable[[s
     assert main(["verify", str(ckpt)]) == 1
     err = capsys.readouterr().err
     assert f"tensor '{W}'" in err and "not what its quantizer" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("step", ["add_", "data", "fused_adam"])
+def test_a_reloaded_layer_whose_weight_changes_quantizes_it_again(copy: Callable[[str], Path], step: str) -> None:
+    """A careless user fine-tunes a reloaded packed layer: its quantizer passes only the values it was loaded
+    with through; changed values (in place, through ``.data``, by a fused optimizer that does not bump the
+    version counter) are quantized again, never used as float weights behind an int4 config."""
+    back = ForgeGraph.from_checkpoint(copy("int4"))
+    fc = back.modules()["fc"]
+    q = fc.weight_quantizer
+    fresh = Quantize.from_config({**q.to_config(), "prequantized": False})
+    assert q(fc.weight) is fc.weight  # the decoded int4 values, passed through bit for bit
+    if step == "fused_adam":
+        opt = torch.optim.Adam([fc.weight], lr=0.01, fused=True)
+        fc.weight.grad = torch.randn_like(fc.weight)
+        opt.step()
+    else:
+        with torch.no_grad():
+            (fc.weight if step == "add_" else fc.weight.data).add_(0.01)
+    assert torch.equal(q(fc.weight), fresh(fc.weight))
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        assert torch.equal(fc(x), torch.nn.functional.linear(x, fresh(fc.weight), fc.bias_quantizer(fc.bias)))
