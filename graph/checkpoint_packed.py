@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .packed import PackedTensor, Packer, Unpacked, codec, packers
+from .packed import PackedTensor, Packer, Unpacked, codec, lowered_layer, packers
 from .targets import CheckpointError, is_identifier
 
 __all__ = ["PackPlan", "StoredBytes", "decode_packed", "packed_json", "plan_packing", "stored_bytes"]
@@ -181,7 +181,8 @@ def decode_packed(name: str, entry: Mapping[str, Any], weights: Mapping[str, tor
 @dataclass(frozen=True)
 class StoredBytes:
     """Bytes weights.safetensors holds, by what they are: weights packed / at their dtype (parameters and int8
-    buffers, as ``weight_bits`` counts them), other buffers and constants, and the file's own header."""
+    buffers, as ``weight_bits`` counts them) / of lowered layers (integer codes at the kernel's width, the scales
+    it reads and the bias, held as buffers), other buffers and constants, and the file's own header."""
 
     packed: int
     unpacked: int
@@ -189,14 +190,29 @@ class StoredBytes:
     header: int
     packed_tensors: int
     unpacked_quantized: dict[str, str]  # tensor name -> why a recognised tensor is stored at its dtype
+    lowered: int = 0
+    lowered_layers: int = 0
 
     @property
     def weights(self) -> int:
-        return self.packed + self.unpacked
+        return self.packed + self.unpacked + self.lowered
 
     @property
     def total(self) -> int:
-        return self.packed + self.unpacked + self.other + self.header
+        return self.packed + self.unpacked + self.lowered + self.other + self.header
+
+
+def _lowered_tensors(graph_doc: Mapping[str, Any]) -> tuple[set[str], int]:
+    """Names of the weight tensors of the checkpoint's lowered layers (by their registered class), and how many
+    layers hold them."""
+    names: set[str] = set()
+    layers = 0
+    for m in graph_doc.get("modules", []):
+        lw = lowered_layer(str(m.get("class")))
+        if lw is not None:
+            layers += 1
+            names.update(f"{m['path']}.{attr}".lstrip(".") for attr in lw.attrs)
+    return names, layers
 
 
 def stored_bytes(graph_doc: Mapping[str, Any], weights_file: bytes) -> StoredBytes:
@@ -204,7 +220,8 @@ def stored_bytes(graph_doc: Mapping[str, Any], weights_file: bytes) -> StoredByt
     (size,) = struct.unpack("<Q", weights_file[:8])
     header = json.loads(weights_file[8:8 + size])
     spans = {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
-    packed = unpacked = other = count = 0
+    lowered_names, layers = _lowered_tensors(graph_doc)
+    packed = unpacked = lowered = other = count = 0
     reasons: dict[str, str] = {}
     for e in graph_doc["tensors"]:
         if "alias_of" in e:
@@ -214,10 +231,13 @@ def stored_bytes(graph_doc: Mapping[str, Any], weights_file: bytes) -> StoredByt
             count += 1
             continue
         n = spans.get(e["name"], 0)
-        if e["kind"] == "parameter" or (e["kind"] == "buffer" and e.get("dtype") == "int8"):
+        if e["kind"] == "buffer" and e["name"] in lowered_names:
+            lowered += n
+        elif e["kind"] == "parameter" or (e["kind"] == "buffer" and e.get("dtype") == "int8"):
             unpacked += n
         else:
             other += n
         if "unpacked" in e:
             reasons[e["name"]] = str(e["unpacked"])
-    return StoredBytes(packed, unpacked, other, len(weights_file) - sum(spans.values()), count, reasons)
+    return StoredBytes(packed, unpacked, other, len(weights_file) - sum(spans.values()), count, reasons, lowered,
+                       layers)

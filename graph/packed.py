@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-__all__ = ["Codec", "PackedTensor", "Packer", "PartSpec", "Unpacked", "codec", "codec_names", "packers",
-           "register_codec", "register_packer"]
+__all__ = ["Codec", "LoweredLayer", "PackedTensor", "Packer", "PartSpec", "Unpacked", "codec", "codec_names",
+           "lowered_layer", "lowered_weight_bits", "packers", "register_codec", "register_lowered", "register_packer"]
 
 PartSpec = tuple[torch.dtype, tuple[int, ...]]  # a part's exact dtype and shape
 
@@ -118,3 +118,53 @@ def register_packer(p: Packer) -> Packer:
 def packers() -> list[Packer]:
     """The registered packers, in registration order."""
     return list(_PACKERS.values())
+
+
+@dataclass(frozen=True)
+class LoweredLayer:
+    """A lowered layer class (a pass's module running a real low-bit kernel) whose weight lives in buffers.
+
+    ``attrs`` name the buffers that are its weight (integer codes, the scales the kernel reads, the bias), so a
+    checkpoint's report counts them as weight bytes; ``bits(module)`` gives each present one's accounted bits at
+    the format's width (codes at their bit width, not their container's). ``name`` is the class's checkpoint
+    name (``targets.register_module``): the graph layer finds lowered layers in a checkpoint without importing
+    the passes that define them.
+    """
+
+    name: str
+    module_type: type[nn.Module]
+    attrs: tuple[str, ...]
+    bits: Callable[[nn.Module], dict[str, float]]
+
+
+_LOWERED: dict[str, LoweredLayer] = {}
+
+
+def register_lowered(layer: LoweredLayer) -> LoweredLayer:
+    """Add a lowered layer class to the table reports and the weight accounting read (a name registers once)."""
+    if layer.name in _LOWERED and _LOWERED[layer.name] != layer:
+        raise ValueError(f"lowered layer {layer.name!r} is already registered")
+    _LOWERED[layer.name] = layer
+    return layer
+
+
+def lowered_layer(which: nn.Module | str) -> LoweredLayer | None:
+    """The registration of a module (by exact type) or of a checkpoint class name; None if it is not lowered."""
+    if isinstance(which, str):
+        return _LOWERED.get(which)
+    return next((lw for lw in _LOWERED.values() if type(which) is lw.module_type), None)
+
+
+def lowered_weight_bits(model: nn.Module) -> tuple[float, set[int]]:
+    """Accounted bits of every lowered layer's weight buffers in ``model`` (each tensor once), and their ids."""
+    total, seen = 0.0, set()
+    for module in model.modules():
+        lw = lowered_layer(module)
+        if lw is None:
+            continue
+        for attr, bits in lw.bits(module).items():
+            t = getattr(module, attr, None)
+            if isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                total += float(bits)
+    return total, seen

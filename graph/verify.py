@@ -7,7 +7,8 @@ module class and pytree type resolves through graph/targets (no pickle, no impor
 the graph and metadata rebuild and lint; *run* -- the reloaded graph runs on the checkpoint's example
 inputs; *outputs* -- those outputs equal the ones recorded at export within ``atol``. Checks that cannot
 apply (no example inputs, no recorded outputs) are reported as skipped, with the reason. The report also
-measures the weight file: bytes stored packed and unpacked (beside the ``weight_bits`` accounting, when given).
+measures the weight file: bytes stored packed, unpacked and in lowered layers (their integer codes, kernel scales
+and bias, see ``graph.packed.register_lowered``), beside the ``weight_bits`` accounting, when given.
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ class VerifyReport:
         s = self.stored
         if s is None:
             return []
+        lowered = (f" + {s.lowered:,} B lowered ({s.lowered_layers} layers: int codes, kernel scales, bias)"
+                   if s.lowered_layers else "")
         lines = [f"{'weights':10s} {'':8s} stored {s.weights:,} B = {s.packed:,} B packed ({s.packed_tensors} tensors)"
-                 f" + {s.unpacked:,} B unpacked; other tensors {s.other:,} B, file header {s.header:,} B"]
+                 f" + {s.unpacked:,} B unpacked{lowered}; other tensors {s.other:,} B, file header {s.header:,} B"]
         if self.accounted_bytes is not None:
             ratio = s.weights / self.accounted_bytes if self.accounted_bytes else float("nan")
             lines.append(f"{'':10s} {'':8s} accounted weight_bits/8 {self.accounted_bytes:,.0f} B "

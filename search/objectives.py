@@ -5,7 +5,8 @@ Each objective is a name, a direction and a measurement of the trial's finished 
 kernels where a lowering applies, else the graph itself (search/measured.py; the trial's result says which
 it timed). ``checkpoint_bytes`` is the measured size of the exported checkpoint's weights file.
 ``weight_bits`` is an accounting, not a measurement: every parameter (and int8 weight buffer) at the bits
-it is stored or simulated at, so quantized layers count their format's bits and physically pruned layers
+it is stored or simulated at, so quantized layers count their format's bits, lowered layers their codes at their
+width plus the scales their kernel reads (and the bias), and physically pruned layers
 count their smaller shapes (element-wise zeros do not save memory and are not counted as saved).
 """
 
@@ -60,7 +61,10 @@ def measure_objectives(objectives: Sequence[Objective], graph: ForgeGraph,
 
 
 def weight_bits(graph: ForgeGraph) -> float:
-    """Total bits of the graph's weights: quantized parameters at their format's bits, others at dtype bits."""
+    """Total bits of the graph's weights: quantized parameters at their format's bits, others at dtype bits, and
+    lowered layers' weight buffers at their format's bits (codes at their width plus the scales their kernel reads
+    and the bias, as each class registers with ``graph.packed.register_lowered``)."""
+    from ..graph.packed import lowered_weight_bits
     from ..passes.quantize.quantizer import Quantize
 
     model = graph.model
@@ -69,8 +73,7 @@ def weight_bits(graph: ForgeGraph) -> float:
         if isinstance(module, Quantize) and module.is_param and path.endswith("_quantizer"):
             owner, _, attr = path.rpartition(".")
             quant_bits[f"{owner}.{attr.removesuffix('_quantizer')}".lstrip(".")] = float(module.bits)
-    total = 0.0
-    seen: set[int] = set()
+    total, seen = lowered_weight_bits(model)
     tensors = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if b.dtype == torch.int8)]
     for name, t in tensors:
         if id(t) in seen:

@@ -42,6 +42,7 @@ from ...graph import targets
 from ...graph.forge_graph import ForgeGraph
 from ...graph.ir import classify
 from ...graph.metadata import get_meta, has_meta
+from ...graph.packed import LoweredLayer, register_lowered
 from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo, register_property
 from ..rewrite import GraphRewrite, inject_modules
@@ -50,6 +51,7 @@ from .fixed import scale_zero_point, tensor_range
 from .modules import QuantizedLinear
 from .records import LoweringRecord
 from .state import quantized_nodes
+from .woq_modules import int8_linear_bits
 
 __all__ = ["Int8Linear", "lower_int8_transform_pass", "LowerInt8Args", "LowerInt8Info", "BACKENDS", "lowerable",
            "onednn_available", "int8_kernel_saturates"]
@@ -238,6 +240,8 @@ targets.register_module(
     lambda c: Int8Linear(**c),
     name="fxforge.quantize.Int8Linear",
 )
+register_lowered(LoweredLayer("fxforge.quantize.Int8Linear", Int8Linear, ("weight_int8", "weight_scale", "bias"),
+                              int8_linear_bits))  # its input_scale / input_zero_point are calibration, not weight
 
 
 register_property("int8-lowered", lambda graph: any(True for _ in iter_layers(graph.model, Int8Linear)),

@@ -33,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...graph import targets
+from ...graph.packed import LoweredLayer, register_lowered
 from ...kernels.woq_int8 import int8_weight_only_linear
 
 __all__ = ["WeightOnlyInt8Linear", "WeightOnlyInt4Linear", "WeightOnlyEmbedding", "INT4_GROUP_SIZES",
@@ -299,3 +300,35 @@ targets.register_module(
     lambda c: WeightOnlyEmbedding(**c),
     name="fxforge.quantize.WeightOnlyEmbedding",
 )
+
+
+
+def _bias_bits(m: nn.Module) -> dict[str, float]:
+    bias = getattr(m, "bias", None)
+    return {} if bias is None else {"bias": 32.0 * bias.numel()}
+
+
+def int8_linear_bits(m: nn.Module) -> dict[str, float]:
+    """int8 codes (8 bits each), the fp32 scale per row the kernel multiplies by, the fp32 bias."""
+    return {"weight_int8": 8.0 * m.weight_int8.numel(), "weight_scale": 32.0 * m.weight_scale.numel(), **_bias_bits(m)}
+
+
+def _int4_linear_bits(m: nn.Module) -> dict[str, float]:
+    """4 bits per weight (two codes a byte), the bf16 (scale, zero) pair per group and row the kernel reads
+    (the zeros are all 0 but ATen's kernel takes them), the fp32 bias."""
+    return {"weight_int4pack": 4.0 * m.out_features * m.in_features, "scales_and_zeros": 16.0 * 2 * m.out_features
+            * (m.in_features // m.group_size), **_bias_bits(m)}
+
+
+def _embedding_bits(m: nn.Module) -> dict[str, float]:
+    """``width`` bits per entry, an fp32 scale per block of a row."""
+    return {"codes": float(m.width * m.num_embeddings * m.embedding_dim),
+            "scale": 32.0 * m.num_embeddings * (m.embedding_dim // m.block_size)}
+
+
+register_lowered(LoweredLayer("fxforge.quantize.WeightOnlyInt8Linear", WeightOnlyInt8Linear,
+                              ("weight_int8", "weight_scale", "bias"), int8_linear_bits))
+register_lowered(LoweredLayer("fxforge.quantize.WeightOnlyInt4Linear", WeightOnlyInt4Linear,
+                              ("weight_int4pack", "scales_and_zeros", "bias"), _int4_linear_bits))
+register_lowered(LoweredLayer("fxforge.quantize.WeightOnlyEmbedding", WeightOnlyEmbedding, ("codes", "scale"),
+                              _embedding_bits))
