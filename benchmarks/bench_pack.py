@@ -111,8 +111,8 @@ class TimedExport:
             return run
 
         originals = checkpoint.plan_packing, checkpoint.outputs_of
-        checkpoint.plan_packing = timed("packing", originals[0])  # type: ignore[assignment]
-        checkpoint.outputs_of = timed("reference", originals[1])  # type: ignore[assignment]
+        checkpoint.plan_packing = timed("packing", originals[0])
+        checkpoint.outputs_of = timed("reference", originals[1])
         try:
             start, cpu = time.perf_counter(), time.process_time()
             self.mg.export(self.workdir / f"ckpt{self.calls % 2}")
