@@ -303,27 +303,34 @@ targets.register_module(
 
 
 
+def _numel(m: nn.Module, attr: str) -> int:
+    t = getattr(m, attr, None)
+    return 0 if t is None else int(t.numel())
+
+
 def _bias_bits(m: nn.Module) -> dict[str, float]:
-    bias = getattr(m, "bias", None)
-    return {} if bias is None else {"bias": 32.0 * bias.numel()}
+    return {"bias": 32.0 * _numel(m, "bias")} if getattr(m, "bias", None) is not None else {}
 
 
 def int8_linear_bits(m: nn.Module) -> dict[str, float]:
     """int8 codes (8 bits each), the fp32 scale per row the kernel multiplies by, the fp32 bias."""
-    return {"weight_int8": 8.0 * m.weight_int8.numel(), "weight_scale": 32.0 * m.weight_scale.numel(), **_bias_bits(m)}
+    return {"weight_int8": 8.0 * _numel(m, "weight_int8"), "weight_scale": 32.0 * _numel(m, "weight_scale"),
+            **_bias_bits(m)}
 
 
 def _int4_linear_bits(m: nn.Module) -> dict[str, float]:
     """4 bits per weight (two codes a byte), the bf16 (scale, zero) pair per group and row the kernel reads
     (the zeros are all 0 but ATen's kernel takes them), the fp32 bias."""
-    return {"weight_int4pack": 4.0 * m.out_features * m.in_features, "scales_and_zeros": 16.0 * 2 * m.out_features
-            * (m.in_features // m.group_size), **_bias_bits(m)}
+    assert isinstance(m, WeightOnlyInt4Linear)
+    n, k = m.out_features, m.in_features
+    return {"weight_int4pack": 4.0 * n * k, "scales_and_zeros": 16.0 * 2 * n * (k // m.group_size), **_bias_bits(m)}
 
 
 def _embedding_bits(m: nn.Module) -> dict[str, float]:
     """``width`` bits per entry, an fp32 scale per block of a row."""
-    return {"codes": float(m.width * m.num_embeddings * m.embedding_dim),
-            "scale": 32.0 * m.num_embeddings * (m.embedding_dim // m.block_size)}
+    assert isinstance(m, WeightOnlyEmbedding)
+    v, d = m.num_embeddings, m.embedding_dim
+    return {"codes": float(m.width * v * d), "scale": 32.0 * v * (d // m.block_size)}
 
 
 register_lowered(LoweredLayer("fxforge.quantize.WeightOnlyInt8Linear", WeightOnlyInt8Linear,
