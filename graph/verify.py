@@ -55,7 +55,7 @@ class VerifyReport:
         return "\n".join([*lines, *self.storage_lines(), f"{self.path}: {'verified' if self.ok else 'FAILED'}"])
 
     def storage_lines(self) -> list[str]:
-        """The weight file's measured bytes (packed and unpacked weights apart) beside the accounted ones."""
+        """The weight file's measured bytes (packed, unpacked and lowered weights apart) beside the accounted ones."""
         s = self.stored
         if s is None:
             return []
