@@ -8,7 +8,8 @@ which stores int8 weights with per-output-channel (or per-tensor) scales and run
   (AMX / VNNI int8 GEMM, int32 accumulation, fp32 bias and output). The input is quantized to uint8
   per tensor with the *calibrated* scale of the simulated ``data_in`` quantizer (static, as in the
   simulation: asymmetric ranges keep their zero point, symmetric ones use zero point 128), or per
-  batch (``quantize_per_tensor_dynamic``) when ``data_in`` is dynamic or not quantized.
+  batch when it is dynamic (as the simulated quantizer: ``input_scheme``, :mod:`.int8_input`; lowered ==
+  simulated up to fp32 rounding) or not quantized (``quantize_per_tensor_dynamic``).
 * ``fbgemm``: ``quantized::linear_dynamic`` -- always dynamic per-tensor uint8 inputs, quantized
   inside the kernel.
 
@@ -17,8 +18,9 @@ sums adjacent pairs into int16 and *saturates*: 8-bit input codes near 255 times
 give wrong sums (errors of ~25% of the output, measured on an AVX2 EPYC). :func:`int8_kernel_saturates`
 probes each backend's kernel once per process; where it saturates, inputs are quantized to 7 bits
 (codes 0..127, pairs <= 2 * 127 * 127 < 2**15) -- PyTorch's x86 qconfigs' ``reduce_range`` -- so the
-kernel result is the exact integer product on every CPU. The decision is made when the kernel runs,
-not when the graph is lowered, so a checkpoint lowered on a VNNI machine stays right on an AVX2 one.
+kernel result is the exact integer product on every CPU (dynamic inputs then take 7-bit
+``quantize_per_tensor_dynamic`` codes, not the simulated ones). The decision is made when the kernel
+runs, not when the graph is lowered, so a checkpoint lowered on a VNNI machine stays right on an AVX2 one.
 
 On a Sapphire Rapids CPU (2 cores) onednn with static inputs was fastest; see
 ``benchmarks/bench_quant_int8.py``. Both paths build transient quantized tensors
@@ -48,6 +50,8 @@ from ..contract import NumericalContract, PassInfo, register_property
 from ..rewrite import GraphRewrite, inject_modules
 from ..select import iter_layers
 from .fixed import scale_zero_point, tensor_range
+from .int8_input import _QUANTIZED_TENSOR_WARNING, FP32_BOUND, INPUT_SCHEMES, dynamic_input_codes, input_scheme_of
+from .int8_input import static_input_range as _input_range  # (lower_weight_only imports it from here)
 from .modules import QuantizedLinear
 from .records import LoweringRecord
 from .state import quantized_nodes
@@ -58,7 +62,6 @@ __all__ = ["Int8Linear", "lower_int8_transform_pass", "LowerInt8Args", "LowerInt
 
 BACKENDS: tuple[str, ...] = ("onednn", "fbgemm")
 POST_OPS: tuple[str, ...] = ("none", "gelu", "relu")
-_QUANTIZED_TENSOR_WARNING = ".*quantized tensor creation functions.*"
 
 
 @functools.cache
@@ -104,7 +107,9 @@ class Int8Linear(nn.Module):
     instead of each batch's range (onednn only). ``post_op``: an activation fused into the kernel's
     epilogue (``gelu`` with ``post_op_algorithm`` ``none`` (erf) or ``tanh``, or ``relu``; onednn).
     ``reduce_range``: always quantize inputs to 7 bits; they are anyway where this CPU's kernel saturates
-    (:attr:`effective_reduce_range`).
+    (:attr:`effective_reduce_range`). ``input_scheme``: how dynamic inputs are quantized (onednn):
+    ``symmetric``/``asymmetric`` as the simulated 8-bit data_in quantizer, ``torch`` (old checkpoints)
+    ``quantize_per_tensor_dynamic``; see :mod:`.int8_input`.
     """
 
     fxforge_op = "linear"
@@ -116,10 +121,14 @@ class Int8Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, backend: str = "onednn",
                  reduce_range: bool = False, static_input: bool = False, post_op: str = "none",
-                 post_op_algorithm: str = "") -> None:
+                 post_op_algorithm: str = "", input_scheme: str = "torch") -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"unknown int8 backend {backend!r}; allowed: {list(BACKENDS)}")
+        if input_scheme not in INPUT_SCHEMES or (input_scheme != "torch" and backend != "onednn"):
+            raise ValueError(f"input_scheme must be one of {list(INPUT_SCHEMES)} ('torch' only on fbgemm, which "
+                             f"quantizes inside its kernel), got {input_scheme!r}")
+        self.input_scheme = input_scheme
         if static_input and backend != "onednn":
             raise ValueError("static (calibrated) input scales need backend 'onednn'; fbgemm is dynamic only")
         if post_op not in POST_OPS or (post_op != "none" and backend != "onednn"):
@@ -138,18 +147,23 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, layer: nn.Linear, per_channel: bool = True, backend: str = "onednn",
-                    reduce_range: bool = False, input_range: tuple[float, int] | None = None) -> Int8Linear:
+                    reduce_range: bool = False, input_range: tuple[float, int] | None = None,
+                    input_scheme: str | None = None) -> Int8Linear:
         """Quantize ``layer``'s weight symmetrically to int8 (narrow range [-127, 127]).
 
-        ``input_range``: a static (scale, uint8 zero point) for the inputs; None quantizes per batch.
+        ``input_range``: a static (scale, uint8 zero point) for the inputs; None quantizes per batch
+        (``input_scheme``; None: as ``layer``'s simulated data_in quantizer on onednn, else ``torch``).
         """
+        if input_scheme is None:
+            onednn_dynamic = backend == "onednn" and input_range is None
+            input_scheme = input_scheme_of(layer) if onednn_dynamic and isinstance(layer, QuantizedLinear) else "torch"
         masked = getattr(layer, "masked_weight", None)  # a pruned layer (passes/prune): its zeros stay zero
         w = (masked() if callable(masked) else layer.weight).detach().float()
         lo, hi = tensor_range(w, 0 if per_channel else None)
         scale, _ = scale_zero_point(lo, hi, 8, symmetric=True)
         scale = scale.expand(w.shape[0]).contiguous() if scale.dim() == 0 else scale
         new = cls(layer.in_features, layer.out_features, layer.bias is not None, backend, reduce_range,
-                  static_input=input_range is not None)
+                  static_input=input_range is not None, input_scheme=input_scheme)
         new.weight_int8 = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
         new.weight_scale = scale.float()
         if layer.bias is not None:
@@ -206,15 +220,12 @@ class Int8Linear(nn.Module):
         fbgemm quantizes inside its kernel the same way (dynamic per tensor); this is its reference.
         """
         k = self._pack()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_QUANTIZED_TENSOR_WARNING)
-            if self.static_input:
-                scale, zero_point = k["x_scale"], k["x_zero_point"]
-                qmax = 127 if k["reduce_range"] else 255
-                xq = torch.clamp(torch.round(x.float() / scale) + zero_point, 0, qmax).to(torch.uint8)
-                return xq, scale, zero_point
-            q = torch.quantize_per_tensor_dynamic(x.float(), torch.quint8, k["reduce_range"])
-            return q.int_repr(), q.q_scale(), q.q_zero_point()
+        if self.static_input:
+            scale, zero_point = k["x_scale"], k["x_zero_point"]
+            qmax = 127 if k["reduce_range"] else 255
+            xq = torch.clamp(torch.round(x.float() / scale) + zero_point, 0, qmax).to(torch.uint8)
+            return xq, scale, zero_point
+        return dynamic_input_codes(x, self.input_scheme, k["reduce_range"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self._pack()
@@ -229,14 +240,15 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"backend={self.backend}, input={'static' if self.static_input else 'dynamic'}, post_op={self.post_op}")
+                f"backend={self.backend}, input={'static' if self.static_input else 'dynamic ' + self.input_scheme}, "
+                f"post_op={self.post_op}")
 
 
 targets.register_module(
     Int8Linear,
     lambda m: {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None,
                "backend": m.backend, "reduce_range": m.reduce_range, "static_input": m.static_input,
-               "post_op": m.post_op, "post_op_algorithm": m.post_op_algorithm},
+               "post_op": m.post_op, "post_op_algorithm": m.post_op_algorithm, "input_scheme": m.input_scheme},
     lambda c: Int8Linear(**c),
     name="fxforge.quantize.Int8Linear",
 )
@@ -246,15 +258,6 @@ register_lowered(LoweredLayer("fxforge.quantize.Int8Linear", Int8Linear, ("weigh
 
 register_property("int8-lowered", lambda graph: any(True for _ in iter_layers(graph.model, Int8Linear)),
                   "an Int8Linear (real int8 kernel) is in the graph (lower_int8_transform_pass)")
-
-
-def _input_range(layer: QuantizedLinear) -> tuple[float, int] | None:
-    """The static uint8 (scale, zero point) of a calibrated data_in quantizer; None if dynamic/absent."""
-    q = layer.data_in_quantizer
-    if q is None or not q.needs_calibration:
-        return None
-    scale = float(q.scale)
-    return (scale, int(q.zero_point)) if not q.params["symmetric"] else (scale, 128)
 
 
 def lowerable(layer: nn.Module) -> str | None:
@@ -308,7 +311,8 @@ class LowerInt8Info(PassInfo):
 
 
 @forge_pass("transform", LowerInt8Args, info=LowerInt8Info, requires=("quantized",), ensures=("int8-lowered",),
-            contract=NumericalContract("bounded", note="int8 GEMM vs simulated quantization: error reported"))
+            contract=NumericalContract("bounded", note="int8 GEMM vs simulated quantization: error reported; onednn "
+                                         "with dynamic 8-bit data_in on a non-saturating CPU: " + FP32_BOUND))
 def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[ForgeGraph, LowerInt8Info]:
     """Swap scaled-int8 QuantizedLinear layers for Int8Linear (real int8 kernels)."""
     backend = args.backend if args.backend != "auto" else ("onednn" if onednn_available() else "fbgemm")
