@@ -56,6 +56,20 @@ def test_dynamic_codes_are_the_simulated_integers(symmetric: bool, monkeypatch: 
         assert torch.equal(dequantized, q.data_in_quantizer(x))
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_saturating_kernel_falls_back_to_7bit_codes(symmetric: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (codes only, every CPU) where the kernel saturates 8-bit codes (no VNNI) the simulated scheme is not used:
+    # inputs get 7-bit codes (0..127), which the kernel multiplies exactly -- the branch the kernel tests below
+    # cannot reach on a VNNI machine, and the only one an AVX2 machine has
+    monkeypatch.setattr(lower_mod, "int8_kernel_saturates", lambda backend: True)
+    _, lin = _pair(symmetric)
+    x = torch.randn(7, 96) * 3 + 0.5
+    xq, scale, zero_point = lin.quantize_input(x)
+    assert xq.dtype == torch.uint8 and int(xq.max()) <= 127 and int(xq.max()) >= 120
+    assert 0 <= zero_point <= 127
+    assert ((xq.float() - zero_point) * scale - x).abs().max() <= scale / 2 + 1e-6
+
+
 @needs_exact_kernel
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_int8_linear_within_fp32_bound_of_simulated(symmetric: bool) -> None:
