@@ -55,11 +55,16 @@ class Codec:
 _CODECS: dict[str, Codec] = {}
 
 
+def _register(table: dict[str, Any], name: str, item: Any, what: str) -> None:
+    """Add ``item`` to one of this module's tables; a name registers once (re-registering the same is a no-op)."""
+    if name in table and table[name] != item:
+        raise ValueError(f"{what} {name!r} is already registered")
+    table[name] = item
+
+
 def register_codec(c: Codec) -> Codec:
     """Add a codec to the table loaders read from (a name registers once)."""
-    if c.name in _CODECS and _CODECS[c.name] is not c:
-        raise ValueError(f"packed-tensor codec {c.name!r} is already registered")
-    _CODECS[c.name] = c
+    _register(_CODECS, c.name, c, "packed-tensor codec")
     return c
 
 
@@ -109,9 +114,7 @@ _PACKERS: dict[str, Packer] = {}
 
 def register_packer(p: Packer) -> Packer:
     """Add a packer checkpoints consult when saving (a name registers once)."""
-    if p.name in _PACKERS and _PACKERS[p.name] is not p:
-        raise ValueError(f"tensor packer {p.name!r} is already registered")
-    _PACKERS[p.name] = p
+    _register(_PACKERS, p.name, p, "tensor packer")
     return p
 
 
@@ -142,9 +145,7 @@ _LOWERED: dict[str, LoweredLayer] = {}
 
 def register_lowered(layer: LoweredLayer) -> LoweredLayer:
     """Add a lowered layer class to the table reports and the weight accounting read (a name registers once)."""
-    if layer.name in _LOWERED and _LOWERED[layer.name] != layer:
-        raise ValueError(f"lowered layer {layer.name!r} is already registered")
-    _LOWERED[layer.name] = layer
+    _register(_LOWERED, layer.name, layer, "lowered layer")
     return layer
 
 
