@@ -50,8 +50,14 @@ from ..contract import NumericalContract, PassInfo, register_property
 from ..rewrite import GraphRewrite, inject_modules
 from ..select import iter_layers
 from .fixed import scale_zero_point, tensor_range
-from .int8_input import _QUANTIZED_TENSOR_WARNING, FP32_BOUND, INPUT_SCHEMES, dynamic_input_codes, input_scheme_of
-from .int8_input import static_input_range as _input_range  # (lower_weight_only imports it from here)
+from .int8_input import (
+    _QUANTIZED_TENSOR_WARNING,
+    FP32_BOUND,
+    INPUT_SCHEMES,
+    dynamic_input_codes,
+    input_scheme_of,
+    static_input_range,
+)
 from .modules import QuantizedLinear
 from .records import LoweringRecord
 from .state import quantized_nodes
@@ -336,7 +342,7 @@ def lower_int8_transform_pass(graph: ForgeGraph, args: LowerInt8Args) -> tuple[F
             return None
         w = module.quant.role("weight")
         assert w is not None
-        input_range = _input_range(module) if backend == "onednn" else None
+        input_range = static_input_range(module) if backend == "onednn" else None
         static[name] = input_range is not None
         return Int8Linear.from_linear(module, w.p["granularity"] == "per_channel", backend, args.reduce_range,
                                       input_range)

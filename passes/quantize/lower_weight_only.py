@@ -31,7 +31,8 @@ from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo, register_property
 from ..rewrite import inject_modules
 from ..select import iter_layers
-from .lower import Int8Linear, _input_range, int8_kernel_saturates, lowerable, onednn_available
+from .int8_input import static_input_range
+from .lower import Int8Linear, int8_kernel_saturates, lowerable, onednn_available
 from .modules import QuantizedEmbedding, QuantizedLinear, _QuantizedLayer
 from .records import LoweringRecord
 from .state import quantized_nodes
@@ -160,7 +161,7 @@ def _build(name: str, module: nn.Module, how: str, backend: str) -> nn.Module:
         w = module.quant.role("weight")
         assert w is not None
         return Int8Linear.from_linear(module, w.p["granularity"] == "per_channel", backend, False,
-                                      _input_range(module) if backend == "onednn" else None)
+                                      static_input_range(module) if backend == "onednn" else None)
     wc = weight_codes(module)
     assert not isinstance(wc, str), (name, wc)
     if isinstance(module, QuantizedEmbedding):
@@ -225,7 +226,7 @@ def lower_weight_only_transform_pass(graph: ForgeGraph,
             + "; run it on a graph from quantize_transform_pass with integer / scaled_integer / mxint weights "
               "(see lowering_plan)")
     gm = graph.model
-    static = {name: _input_range(m) is not None and backend == "onednn"
+    static = {name: static_input_range(m) is not None and backend == "onednn"
               for name, m in gm.named_modules() if plan.get(name) == "int8-dynamic" and isinstance(m, QuantizedLinear)}
 
     def build(name: str, module: nn.Module) -> nn.Module | None:
