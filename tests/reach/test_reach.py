@@ -17,6 +17,12 @@ from tiny_archs import ARCHS, SECOND_FILE
 CASES = cases([name for name in ARCHS if name not in SECOND_FILE])
 
 
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Run]:
+    """name -> its Run through the stages test_reach got through (the train-mode test reuses its graph)."""
+    return {}
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_reach(runs: dict[str, Run], name: str) -> None:
     check_reach(runs, name)

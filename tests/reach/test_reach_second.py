@@ -11,6 +11,12 @@ from tiny_archs import SECOND_FILE
 CASES = cases(SECOND_FILE)
 
 
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Run]:
+    """name -> its Run (the train-mode test reuses the graph test_reach captured)."""
+    return {}
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_reach(runs: dict[str, Run], name: str) -> None:
     check_reach(runs, name)
