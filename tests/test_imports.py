@@ -27,9 +27,10 @@ BUILDS_ON: dict[str, frozenset[str]] = {
     "": frozenset({"passes"}),
     "pipelines": frozenset({"", "data"}),
     "search": frozenset({"pipelines"}),
+    "deploy": frozenset({"pipelines"}),
     "report": frozenset({"passes"}),
-    "cli": frozenset({"search", "report"}),
-    "benchmarks": frozenset({"search"}),
+    "cli": frozenset({"search", "report", "deploy"}),
+    "benchmarks": frozenset({"search", "deploy"}),
     "examples": frozenset({"benchmarks", "report"}),
     "__main__": frozenset({"cli"}),
 }
