@@ -23,6 +23,7 @@ from ..pipelines import Pipeline
 from .errors import SearchError
 from .objectives import Constraint, Objective, measure_objectives, resolve_objectives
 from .progress import OptunaLogsAboveBar
+from .samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler, study_seed
 from .space import SearchSpace, TrialPlan
 from .storage import StorageSpec, batched_params, open_storage
 from .task import Task
@@ -33,35 +34,6 @@ __all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", 
 SPACE_ATTR, BASELINE_ATTR, OBJECTIVES_ATTR = "fxforge_space", "fxforge_baseline", "fxforge_objectives"
 BASELINE_NOTES_ATTR = "fxforge_baseline_notes"  # how the baseline's values were measured (as a trial's "notes")
 CONFIG_ATTR = "fxforge_config"
-
-
-def _sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    """A sampler by name; constraints reach it through each trial's ``set_constraint`` (Optuna 5)."""
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
-    if name == "grid":
-        return optuna.samplers.BruteForceSampler(seed=seed)
-    raise SearchError(f"unknown sampler {name!r}; choose from {sorted(SAMPLERS)}")
-
-
-SAMPLERS: tuple[str, ...] = ("gp", "grid", "nsga2", "random", "tpe")
-PRUNERS: tuple[str, ...] = ("hyperband", "median", "none")
-
-
-def _pruner(name: str | None) -> optuna.pruners.BasePruner:
-    if name in (None, "none"):
-        return optuna.pruners.NopPruner()
-    if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner()
-    raise SearchError(f"unknown pruner {name!r}; choose from {list(PRUNERS)}")
 
 
 PLAN_ATTR, RESULT_ATTR = "fxforge_plan", "fxforge_result"
@@ -219,7 +191,7 @@ class Search:
                 raise SearchError(f"constraint on {c.objective!r}, which is not an objective ({sorted(names)})")
         if self.sampler not in SAMPLERS:
             raise SearchError(f"unknown sampler {self.sampler!r}; choose from {list(SAMPLERS)}")
-        _pruner(self.pruner)
+        make_pruner(self.pruner)
         if self.pruner not in (None, "none") and len(self._objectives) > 1:
             raise SearchError("pruners need a single objective (Optuna cannot report intermediate values of a "
                               "multi-objective trial); drop the pruner or keep one objective")
@@ -261,8 +233,9 @@ class Search:
         spec = json.dumps(self._bound_spec(), sort_keys=True)
         objectives = [o.name for o in self._objectives]
         if self.study_name in existing:
+            held = len(storage.get_all_trials(storage.get_study_id_from_name(self.study_name), deepcopy=False))
             study = optuna.load_study(study_name=self.study_name, storage=storage,
-                                      sampler=self._make_sampler(), pruner=_pruner(self.pruner))
+                                      sampler=self._make_sampler(held), pruner=make_pruner(self.pruner))
             if study.user_attrs.get(SPACE_ATTR) not in (None, spec):
                 raise SearchError(f"study {self.study_name!r} exists with a different search space; "
                                   "choose another study_name (or run_dir)")
@@ -276,7 +249,7 @@ class Search:
                 _fail_interrupted(storage, self.study_name)
             return study
         study = optuna.create_study(storage=storage, study_name=self.study_name, directions=directions,
-                                    sampler=self._make_sampler(), pruner=_pruner(self.pruner))
+                                    sampler=self._make_sampler(0), pruner=make_pruner(self.pruner))
         study.set_user_attr(SPACE_ATTR, spec)
         study.set_user_attr(OBJECTIVES_ATTR, objectives)
         if self.config_json is not None:
@@ -286,8 +259,9 @@ class Search:
     def _bound_spec(self) -> dict[str, Any]:
         return self.space.to_spec()
 
-    def _make_sampler(self) -> optuna.samplers.BaseSampler:
-        return _sampler(self.sampler, self.seed)
+    def _make_sampler(self, n_existing: int) -> optuna.samplers.BaseSampler:
+        """The sampler for a study holding ``n_existing`` trials: seeded so a resume draws new points."""
+        return make_sampler(self.sampler, study_seed(self.seed, n_existing))
 
     def baseline(self, study: optuna.Study) -> dict[str, float]:
         """Objectives of the base graph, measured once per study (stored in it for resumes and workers)."""

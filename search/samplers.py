@@ -1,0 +1,56 @@
+"""Samplers and pruners by name, and the seed a study's sampler gets each time the study is opened.
+
+A study opened again (resumed, or joined) with the same base seed must not replay the sequence its first
+run drew: the sampler's seed is derived from the base seed and the number of trials the study already
+holds, so a resumed study samples new points, and the same seed with the same history still gives the
+same next parameters (a fresh study keeps the base seed itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import optuna
+
+from .errors import SearchError
+
+__all__ = ["PRUNERS", "SAMPLERS", "make_pruner", "make_sampler", "study_seed"]
+
+SAMPLERS: tuple[str, ...] = ("gp", "grid", "nsga2", "random", "tpe")
+PRUNERS: tuple[str, ...] = ("hyperband", "median", "none")
+MAX_SEED = 2**32 - 1  # numpy's RandomState, which Optuna's samplers seed, takes 0 .. 2**32 - 1
+
+
+def study_seed(seed: int | None, n_existing: int) -> int | None:
+    """The sampler seed for a study that already holds ``n_existing`` trials (any state): ``seed`` for a new
+    study, otherwise a hash of both (None stays None: unseeded)."""
+    if seed is None or n_existing == 0:
+        return seed
+    digest = hashlib.sha256(f"fxforge-sampler:{seed}:{n_existing}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    """A sampler by name; constraints reach it through each trial's ``set_constraint`` (Optuna 5)."""
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.BruteForceSampler(seed=seed)
+    raise SearchError(f"unknown sampler {name!r}; choose from {list(SAMPLERS)}")
+
+
+def make_pruner(name: str | None) -> optuna.pruners.BasePruner:
+    """A pruner by name (None or "none": no pruning)."""
+    if name in (None, "none"):
+        return optuna.pruners.NopPruner()
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    raise SearchError(f"unknown pruner {name!r}; choose from {list(PRUNERS)}")
