@@ -4,6 +4,7 @@ Each export writes a directory holding the artifact and ``deploy.json`` (deploy/
 the artifact in a fresh subprocess where fxforge is not importable.
 """
 
+from .export import export_aoti, export_onnx
 from .manifest import (
     ARTIFACT_FILES,
     FORMATS,
@@ -17,4 +18,4 @@ from .manifest import (
 )
 
 __all__ = ["ARTIFACT_FILES", "FORMATS", "MANIFEST_NAME", "DeployCheck", "DeployError", "DeployManifest",
-           "ShapeCheck", "is_deploy_dir", "read_manifest"]
+           "ShapeCheck", "export_aoti", "export_onnx", "is_deploy_dir", "read_manifest"]

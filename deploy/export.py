@@ -1,0 +1,225 @@
+"""``export_onnx`` / ``export_aoti``: a ForgeGraph to a checked deploy directory (artifact + ``deploy.json``).
+
+Steps: check the output path, build the inference signature and torch.export it (deploy/signature.py), refuse
+ops no runtime outside fxforge can run (``fxforge::`` kernels, other custom namespaces), write the artifact into a
+staged sibling directory, check it in a fresh subprocess without fxforge (deploy/check.py) at two input shapes
+against the fxforge graph's own outputs, write the manifest and move the directory into place. A failed check
+still leaves the artifact and its manifest (so ``fxforge inspect`` shows what was measured) and raises.
+
+Quantized graphs: ONNX exports the QDQ rewrite of the graph (deploy/qdq.py) and is checked in quantization steps
+against fxforge's simulated outputs; AOTInductor compiles the simulated graph itself (its fake-quant ops are
+plain torch ops) and is checked in steps too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..graph.forge_graph import ForgeGraph
+from ..passes.quantize.quantizer import iter_quantizers
+from .manifest import ARTIFACT_FILES, DeployCheck, DeployError, DeployManifest, write_manifest
+from .output_dir import StagedDir, check_output_dir
+from .signature import DeployProgram, InferenceSignature, export_program, inference_signature
+
+__all__ = ["export_onnx", "export_aoti", "check_ops", "check_cases", "FLOAT_BOUND", "QUANT_STEP_BOUND",
+           "RUNTIME_NAMESPACES"]
+
+FLOAT_BOUND = 1e-4  # relative: max |artifact - graph| / max |graph|
+QUANT_STEP_BOUND = 1.0  # quantized: within one quantization step of fxforge's simulated outputs
+# Op namespaces an artifact may hold: ATen (and its primitives), the QDQ ops ONNX turns into Quantize/
+# DequantizeLinear, and torch's control-flow operators. Python's operator.* calls on sizes have no namespace.
+RUNTIME_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed", "higher_order"})
+
+
+def export_onnx(mg: ForgeGraph, out_dir: str | os.PathLike[str], *, dynamic_batch: bool = True,
+                dynamic_seq: bool = True, check: bool = True, source: str = "") -> DeployManifest:
+    """Export ``mg`` to ``out_dir/model.onnx`` (float, or QDQ for a quantized graph) and check it with ONNX
+    Runtime; returns the manifest written beside it. DeployError for a bad path, an op no runtime can run,
+    a layer QDQ cannot express, or a failed check (the artifact is still written then)."""
+    return _export("onnx", mg, out_dir, dynamic_batch, dynamic_seq, check, source)
+
+
+def export_aoti(mg: ForgeGraph, out_dir: str | os.PathLike[str], *, dynamic_batch: bool = True,
+                dynamic_seq: bool = True, check: bool = True, source: str = "") -> DeployManifest:
+    """Compile ``mg`` to the AOTInductor package ``out_dir/model.pt2`` and check it with
+    ``torch._inductor.aoti_load_package``; same contract as :func:`export_onnx`."""
+    return _export("aoti", mg, out_dir, dynamic_batch, dynamic_seq, check, source)
+
+
+def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_batch: bool, dynamic_seq: bool,
+            check: bool, source: str) -> DeployManifest:
+    check_output_dir(out_dir)  # before any work: a bad path fails in milliseconds
+    reference = inference_signature(mg)
+    quantizers = iter_quantizers(mg.model)
+    quantization, step, exported_graph = "float", 1.0, mg
+    if quantizers:
+        if fmt == "onnx":
+            qdq = _qdq(mg)
+            exported_graph, quantization, step = qdq.graph, qdq.description, float(qdq.output_step)
+        else:
+            step = float(_output_step()(mg))
+            quantization = f"simulated ({len(quantizers)} quantizers, fake-quant as torch ops)"
+    signature = reference if exported_graph is mg else inference_signature(exported_graph)
+    if (signature.input_names, signature.output_names) != (reference.input_names, reference.output_names):
+        raise DeployError(f"the QDQ graph's inputs/outputs {signature.input_names}/{signature.output_names} differ "
+                          f"from the graph's {reference.input_names}/{reference.output_names}")
+    check_ops(signature.module)
+    program = export_program(signature, dynamic_batch, dynamic_seq)
+    check_ops(program.program.graph_module, signature.module)
+    staged = StagedDir(out_dir)
+    try:
+        artifact = staged.path / ARTIFACT_FILES[fmt]
+        _writer(fmt)(program, artifact)
+        result: DeployCheck | None = None
+        if check:
+            from .check import check_artifact
+
+            bound_kind, bound = ("quant_steps", QUANT_STEP_BOUND) if quantizers else ("relative", FLOAT_BOUND)
+            result = check_artifact(staged.path, fmt, check_cases(program, reference), bound, bound_kind, step)
+        manifest = DeployManifest(
+            format=fmt, artifact=ARTIFACT_FILES[fmt],
+            artifact_bytes=sum(p.stat().st_size for p in staged.path.iterdir() if p.is_file()),
+            inputs=signature.input_names, outputs=signature.output_names, dynamic_axes=program.dynamic_axes,
+            quantization=quantization, source=source, check=result)
+        write_manifest(staged.path, manifest)
+        out = staged.commit()
+    except BaseException:
+        staged.discard()
+        raise
+    if result is not None and not result.passed:
+        worst = max(result.shapes, key=lambda s: s.error / s.bound if s.bound else s.error)
+        raise DeployError(f"{fmt} artifact written to {out} but its check failed: error {worst.error:.3g} "
+                          f"({worst.bound_kind}) > bound {worst.bound:g} at shapes {worst.shapes}"
+                          + ("" if not result.fxforge_importable else "; fxforge was importable in the check"))
+    return manifest
+
+
+def _writer(fmt: str) -> Callable[[DeployProgram, Any], Any]:
+    if fmt == "onnx":
+        from .onnx_float import write_onnx
+
+        return write_onnx
+    from .aoti import write_aoti
+
+    return write_aoti
+
+
+def _qdq(mg: ForgeGraph) -> Any:
+    try:
+        from .qdq import to_qdq
+    except ImportError:
+        raise DeployError("QDQ export is not available in this fxforge (deploy/qdq.py is missing): a quantized "
+                          "graph cannot be exported to ONNX; export the float graph or use --format aoti") from None
+    return to_qdq(mg)
+
+
+def _output_step() -> Callable[[ForgeGraph], float]:
+    try:
+        from .qdq import output_step
+    except ImportError:
+        raise DeployError("the quantization step of a quantized graph's outputs is not available (deploy/qdq.py is "
+                          "missing): its artifact cannot be checked; pass check=False to export unchecked") from None
+    return output_step  # type: ignore[no-any-return]
+
+
+def _namespace(target: Any) -> str | None:
+    """The op namespace of an fx call target (``fxforge`` for ``torch.ops.fxforge.x``); None for Python calls."""
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return str(target.namespace)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return "higher_order"
+    return None
+
+
+def check_ops(gm: fx.GraphModule, origin: fx.GraphModule | None = None) -> None:
+    """DeployError naming the first op outside :data:`RUNTIME_NAMESPACES` and its node. ``origin`` is the fxforge
+    graph ``gm`` was exported from: the node named is then the fxforge node (module call) the op came from."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        ns = _namespace(node.target)
+        if ns is None or ns in RUNTIME_NAMESPACES:
+            continue
+        where = f"node {node.name!r}" if origin is None else _origin(node, origin)
+        why = "an fxforge kernel, which exists only inside fxforge" if ns == "fxforge" else \
+            f"an op of the {ns!r} namespace, which ONNX Runtime and AOTInductor packages cannot run"
+        fix = " (a lowered layer: export the simulated graph from before lowering)" if ns == "fxforge" else ""
+        raise DeployError(f"cannot deploy: op {ns}::{_op_name(node.target)} at {where} is {why}{fix}")
+
+
+def _op_name(target: Any) -> str:
+    name = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
+    return str(name).split(".")[0]
+
+
+def _origin(node: fx.Node, origin: fx.GraphModule) -> str:
+    """The fxforge node an exported node came from: the innermost module call on its stack that is a node."""
+    calls = {str(n.target): n.name for n in origin.graph.nodes if n.op == "call_module"}
+    stack = node.meta.get("nn_module_stack") or {}
+    for path, _ in reversed(list(stack.values())):
+        key = path.replace("L['self'].", "").replace("L__self___", "")
+        if key in calls:
+            return f"node {calls[key]!r} (module {key})"
+    names = {n.name for n in origin.graph.nodes}
+    return f"node {node.name!r}" if node.name in names else f"exported node {node.name!r}"
+
+
+def _case_inputs(sig: InferenceSignature, sizes: dict[str, int], seed: int) -> dict[str, torch.Tensor]:
+    """Inputs shaped like the examples with ``sizes`` (``batch``/``seq``) on their dynamic axes and fresh values
+    of the examples' kind: ids drawn from the example's range, masks of ones with the last row half padded,
+    floats with the example's mean and spread."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name in sig.input_names:
+        ex = sig.example_inputs[name]
+        shape = list(ex.shape)
+        if "batch" in sizes and ex.dim() >= 1:
+            shape[0] = sizes["batch"]
+        if "seq" in sizes and ex.dim() == 2 and not ex.is_floating_point():
+            shape[1] = sizes["seq"]
+        if ex.is_floating_point():
+            std = float(ex.float().std()) if ex.numel() > 1 else 1.0
+            t = (torch.randn(shape, generator=gen) * std + float(ex.float().mean())).to(ex.dtype)
+        elif "mask" in name and ex.dim() == 2:
+            t = torch.ones(shape, dtype=ex.dtype)
+            t[-1, max(shape[1] // 2, 1):] = 0
+        else:
+            lo, hi = int(ex.min()), int(ex.max())
+            t = torch.randint(lo, hi + 1, shape, generator=gen).to(ex.dtype)
+        out[name] = t
+    return out
+
+
+def check_cases(program: DeployProgram, reference: InferenceSignature) -> list[Any]:
+    """Two check cases with the fxforge graph's outputs as expected: dynamic batch -> 1 then 3 (batch 1 is
+    where torch.export's 0/1 specialisation could hide a difference), dynamic sequence -> the example's length
+    then a shorter (or longer) one, inside the proven ranges; static axes keep the example's sizes."""
+    from .check import CheckCase
+
+    sig = program.signature
+    batch = {r for (n, a), r in program.axis_ranges.items() if program.dynamic_axes.get(n, {}).get(a) == "batch"}
+    seq = {r for (n, a), r in program.axis_ranges.items() if program.dynamic_axes.get(n, {}).get(a) == "seq"}
+    sizes: list[dict[str, int]] = [{}, {}]
+    if batch:
+        lo, hi = max(r[0] for r in batch), min((r[1] for r in batch if r[1] is not None), default=None)
+        sizes[0]["batch"], sizes[1]["batch"] = _clamp(1, lo, hi), _clamp(3, lo, hi)
+    if seq:
+        lo, hi = max(r[0] for r in seq), min((r[1] for r in seq if r[1] is not None), default=None)
+        ex = next(int(sig.example_inputs[n].shape[a]) for (n, a), label in
+                  ((k, program.dynamic_axes[k[0]][k[1]]) for k in program.axis_ranges) if label == "seq")
+        other = _clamp(ex - 5 if ex - 5 >= max(lo, 2) else ex + 5, lo, hi)
+        sizes[0]["seq"], sizes[1]["seq"] = ex, other
+    cases = []
+    for i, sz in enumerate(sizes):
+        inputs = _case_inputs(sig, sz, seed=i + 1)
+        cases.append(CheckCase(inputs=inputs, expected=reference(inputs)))
+    return cases
+
+
+def _clamp(v: int, lo: int, hi: int | None) -> int:
+    return max(lo, v if hi is None else min(v, hi))

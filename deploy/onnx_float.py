@@ -1,0 +1,37 @@
+"""Write an exported inference program as ``model.onnx`` with torch.onnx's dynamo exporter (torch.export program
+in, ONNX graph out), inputs and outputs named as the signature names them.
+
+Weights are stored inside the file when they fit comfortably in one protobuf (< 1.5 GB) and beside it as
+``model.onnx.data`` otherwise, in the artifact directory either way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .manifest import DeployError
+from .signature import DeployProgram
+
+__all__ = ["write_onnx", "INLINE_LIMIT"]
+
+INLINE_LIMIT = 3 << 29  # 1.5 GB: protobuf files end at 2 GB
+
+
+def write_onnx(program: DeployProgram, path: Path) -> Path:
+    """Export ``program`` to the ONNX file ``path``; DeployError naming the failure (an op without an ONNX
+    translation is named by torch.onnx's message)."""
+    ep = program.program
+    weight_bytes = sum(t.numel() * t.element_size() for t in (*ep.state_dict.values(), *ep.constants.values())
+                       if isinstance(t, torch.Tensor))
+    try:
+        with torch.no_grad():
+            onnx_program = torch.onnx.export(ep, (), dynamo=True, input_names=list(program.signature.input_names),
+                                             output_names=list(program.signature.output_names), verbose=False)
+    except Exception as exc:
+        raise DeployError(f"ONNX export failed ({type(exc).__name__}: {str(exc)[:800]})") from exc
+    if onnx_program is None:
+        raise DeployError("ONNX export returned no program")
+    onnx_program.save(path, external_data=weight_bytes >= INLINE_LIMIT)
+    return path
