@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..graph.atomic import dumps_json, loads_json
+from ..graph.targets import CheckpointError
 from .manifest import ARTIFACT_FILES, FORMATS, DeployCheck, DeployError, ShapeCheck
 
 __all__ = ["CheckCase", "check_artifact", "check_summary", "RUNNER", "BOUND_KINDS"]
@@ -120,7 +121,7 @@ def _run(tmp: Path, fmt: str, artifact: Path, cases: Sequence[CheckCase], inputs
     raw = _read_bounded(out_file, MAX_OUTPUT_BYTES)
     try:
         doc = loads_json(raw, "check output", MAX_OUTPUT_BYTES)
-    except ValueError as exc:
+    except (ValueError, CheckpointError) as exc:
         tail = _read_tail(err_file)
         raise DeployError(f"{fmt} check of {artifact}: the check process (exit {proc.returncode}) printed no valid "
                           f"result ({exc}); its stderr ends with:\n{tail}") from None
