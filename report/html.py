@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from ..graph.draw import to_svg
 from ..graph.forge_graph import ForgeGraph
+from .deploy import DeployArtifactRow, deploy_section
 from .plots import plots_available, search_plots
 from .rows import NodeRow, node_rows, quant_rows
 from .search_json import check_search_results
@@ -117,9 +118,10 @@ def _search(results: Mapping[str, Any] | None) -> str:
     return "\n".join(parts)
 
 
-def build_report(mg: ForgeGraph, title: str = "fxforge report", search_results: Mapping[str, Any] | None = None) -> str:
+def build_report(mg: ForgeGraph, title: str = "fxforge report", search_results: Mapping[str, Any] | None = None,
+                 deploy: Sequence[DeployArtifactRow] | None = None) -> str:
     """The report of ``mg`` as one HTML document (``search_results``: the JSON of SearchResult.to_json,
-    checked field by field first: SearchResultsError)."""
+    checked field by field first: SearchResultsError; ``deploy``: deploy artifacts and their checks)."""
     if search_results is not None:
         search_results = check_search_results(search_results)
     rows = node_rows(mg)
@@ -142,14 +144,16 @@ def build_report(mg: ForgeGraph, title: str = "fxforge report", search_results: 
         "<section><h2>Pass history</h2>" + _history(mg) + "</section>",
         "<section><h2>Quantization</h2>" + _quantization(mg) + "</section>",
         "<section><h2>Search</h2>" + _search(search_results) + "</section>",
+        "<section id='deploy'><h2>Deploy</h2>" + deploy_section(deploy) + "</section>",
         f"<script>{JS}</script></body></html>",
     ]) + "\n"
 
 
 def write_report(mg: ForgeGraph, path: str | Path, title: str = "fxforge report",
-                 search_results: Mapping[str, Any] | None = None) -> Path:
+                 search_results: Mapping[str, Any] | None = None,
+                 deploy: Sequence[DeployArtifactRow] | None = None) -> Path:
     """Write :func:`build_report` to ``path`` (parents created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(build_report(mg, title, search_results), encoding="utf-8")
+    path.write_text(build_report(mg, title, search_results, deploy), encoding="utf-8")
     return path
