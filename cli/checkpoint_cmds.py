@@ -52,14 +52,21 @@ def report(
     out: Annotated[Path, typer.Option("-o", "--out", help="HTML file to write.")],
     search: Annotated[Path | None, typer.Option(help="Search results JSON (fxforge search --results) to plot.")]
     = None,
+    deploy: Annotated[list[Path] | None, typer.Option(
+        "--deploy", help="A deploy directory (fxforge deploy) whose artifact and check to show; repeatable.")]
+    = None,
 ) -> None:
-    """Write one self-contained HTML report: drawing, node table, pass history, quantization, search plots."""
+    """Write one self-contained HTML report: drawing, node table, pass history, quantization, search plots,
+    deploy artifacts and their checks."""
+    from ..deploy import read_manifest
     from ..graph.forge_graph import ForgeGraph
     from ..report import write_report
     from ..report.search_json import load_search_results
+    from .deploy_view import report_row
     from .inspect_cmd import ensure_metadata
 
     results = None if search is None else load_search_results(search)  # checked field by field, errors name both
+    artifacts = [report_row(read_manifest(d), d) for d in deploy or []]  # hostile files, checked before any work
     mg = ensure_metadata(ForgeGraph.from_checkpoint(_checkpoint(ckpt)))
-    path = write_report(mg, out, title=f"fxforge report: {ckpt.name}", search_results=results)
+    path = write_report(mg, out, title=f"fxforge report: {ckpt.name}", search_results=results, deploy=artifacts)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")

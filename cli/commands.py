@@ -43,13 +43,19 @@ def _feature(module: str, attr: str, what: str) -> Any:
 @app.command()
 def inspect(
     model: Annotated[str, typer.Argument(help="Zoo name (minilm, tiny-bert, gpt, gpt-afno, agru), a HuggingFace "
-                                              "model directory, a hub name, or an fxforge checkpoint directory.")],
+                                              "model directory, a hub name, an fxforge checkpoint directory or "
+                                              "a deploy directory.")],
     all_nodes: Annotated[bool, typer.Option("--all", help="Show every node, not the first 40.")] = False,
 ) -> None:
-    """Capture MODEL (or reload a checkpoint) and print its nodes, ops, parameters and metadata."""
-    from .inspect_cmd import ensure_metadata, summary
+    """Capture MODEL (or reload a checkpoint) and print its nodes, ops, parameters and metadata; for a deploy
+    directory (fxforge deploy), print its artifact and check results."""
+    from ..deploy import is_deploy_dir
+    from .inspect_cmd import deploy_summary, ensure_metadata, summary
     from .resolve import load_graph
 
+    if is_deploy_dir(model):
+        typer.echo(deploy_summary(Path(model)))
+        return
     mg, source = load_graph(model)
     typer.echo(summary(ensure_metadata(mg), source, None if all_nodes else 40))
 

@@ -2,13 +2,15 @@
 
 Prints where the model came from, the frontend, node counts by kind and by op, parameters, the pass
 history, which input dimensions accept any size and which capture fixed (with why), and capture notes,
-then the per-node table (kind, op, shapes, dtypes) cut to the terminal width.
+then the per-node table (kind, op, shapes, dtypes) cut to the terminal width. A deploy directory (one with
+``deploy.json``, written by ``fxforge deploy``) is shown instead: its artifact, signature and subprocess check.
 """
 
 from __future__ import annotations
 
 import textwrap
 from collections import Counter
+from pathlib import Path
 
 from .. import passes
 from ..graph.forge_graph import ForgeGraph
@@ -16,7 +18,7 @@ from ..graph.metadata import has_meta
 from ..graph.static_dims import input_dims
 from ..passes.analysis.table import format_table, terminal_width
 
-__all__ = ["dims_lines", "ensure_metadata", "summary"]
+__all__ = ["deploy_summary", "dims_lines", "ensure_metadata", "summary"]
 
 
 def ensure_metadata(mg: ForgeGraph) -> ForgeGraph:
@@ -74,3 +76,11 @@ def summary(mg: ForgeGraph, source: str, max_nodes: int | None = 40) -> str:
     if len(shown) < len(rows):
         lines.append(f"... {len(rows) - len(shown)} more nodes (--all shows every node)")
     return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in lines)
+
+
+def deploy_summary(directory: Path) -> str:
+    """The deploy directory's manifest and check (DeployError, one line, when ``deploy.json`` is malformed)."""
+    from ..deploy import read_manifest
+    from .deploy_view import manifest_lines
+
+    return "\n".join(manifest_lines(read_manifest(directory), directory, terminal_width()))

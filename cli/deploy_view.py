@@ -1,0 +1,105 @@
+"""How a deploy directory's manifest is shown: lines for the terminal and rows for the HTML report.
+
+``fxforge deploy`` and ``fxforge inspect DEPLOY_DIR`` print :func:`manifest_lines`; ``fxforge report --deploy``
+passes :func:`report_row` to the report (which builds on passes only and so never reads ``deploy.json``). The
+manifest is a file: its strings are printed with anything unprintable replaced.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from ..deploy import DeployManifest, ShapeCheck
+from ..passes.analysis.table import format_table
+from ..report.deploy import DeployArtifactRow, DeployShapeRow
+
+__all__ = ["artifact_size", "axes_text", "manifest_lines", "report_row", "shapes_text", "size_text"]
+
+
+def _safe(text: str) -> str:
+    """``text`` with characters a terminal could act on (escapes, C1 controls) shown as ``?``."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+def size_text(n: int) -> str:
+    """``1.23 MB (1,234,567 bytes)``."""
+    return f"{n / 1e6:.2f} MB ({n:,} bytes)"
+
+
+def artifact_size(manifest: DeployManifest, directory: Path) -> int | None:
+    """The size of the manifest's artifact in ``directory`` now (None when it is not a regular file there)."""
+    path = directory / manifest.artifact
+    return path.stat().st_size if path.is_file() and not path.is_symlink() else None
+
+
+def _tensor(name: str, manifest: DeployManifest) -> str:
+    axes = manifest.dynamic_axes.get(name)
+    if not axes:
+        return f"{name} (static)"
+    return f"{name} (" + ", ".join(f"dim {axis}: {label}" for axis, label in sorted(axes.items())) + ")"
+
+
+def axes_text(manifest: DeployManifest) -> str:
+    """The dynamic axes of every input and output, ``input_ids[0]=batch, input_ids[1]=seq, ...`` ("" if none)."""
+    return ", ".join(f"{name}[{axis}]={label}" for name, axes in manifest.dynamic_axes.items()
+                     for axis, label in sorted(axes.items()))
+
+
+def shapes_text(check: ShapeCheck) -> str:
+    """The input shapes of one check, inputs of equal shape grouped: ``input_ids, attention_mask 2x16``."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name, dims in check.shapes.items():
+        groups.setdefault(tuple(dims), []).append(name)
+    return "; ".join(", ".join(names) + " " + ("x".join(map(str, dims)) or "scalar") for dims, names in groups.items())
+
+
+def _bound(check: ShapeCheck) -> str:
+    return f"{check.bound:.3g} relative" if check.bound_kind == "relative" else f"{check.bound:.3g} quant steps"
+
+
+def manifest_lines(manifest: DeployManifest, directory: Path, width: int) -> list[str]:
+    """The manifest as terminal lines wrapped to ``width``; an artifact changed or removed since its check is
+    pointed out (its size on disk differs from the manifest's)."""
+    pad = " " * 14
+    artifact = directory / manifest.artifact
+    size, on_disk = size_text(manifest.artifact_bytes), artifact_size(manifest, directory)
+    if on_disk is None:
+        size += f"; MISSING: no {manifest.artifact} in {directory}"
+    elif on_disk != manifest.artifact_bytes:
+        size += f"; CHANGED: {on_disk:,} bytes on disk now, so the check below is not about this file"
+    rows = [("artifact:", str(artifact)), ("size:", size),
+            ("format:", manifest.format),
+            ("quantization:", manifest.quantization),
+            ("source:", manifest.source or "(not recorded)"),
+            ("inputs:", ", ".join(_tensor(n, manifest) for n in manifest.inputs)),
+            ("outputs:", ", ".join(_tensor(n, manifest) for n in manifest.outputs))]
+    lines: list[str] = []
+    for label, value in rows:  # a path stays whole (copyable) even when longer than the terminal
+        lines += textwrap.wrap(f"{label:<14}{_safe(value)}", width, subsequent_indent=pad, break_on_hyphens=False,
+                               break_long_words=label != "artifact:")
+    check = manifest.check
+    if check is None:
+        return [*lines, "check:        not run (the artifact was not checked outside fxforge)"]
+    verdict = "passed" if check.passed else "FAILED"
+    head = (f"check:        {verdict}: {_safe(check.runtime)} in a fresh subprocess, fxforge importable: "
+            f"{'yes' if check.fxforge_importable else 'no'}, {len(check.shapes)} shapes, {check.seconds:.1f} s")
+    lines += textwrap.wrap(head, width, subsequent_indent=pad)
+    table = [{"input shapes": _safe(shapes_text(s)), "error": f"{s.error:.3g}", "bound": _bound(s),
+              "result": "pass" if s.passed else "FAIL"} for s in check.shapes]
+    if table:
+        lines += ["  " + line for line in format_table(table, list(table[0]), max_width=width - 2).splitlines()]
+    return lines
+
+
+def report_row(manifest: DeployManifest, directory: Path) -> DeployArtifactRow:
+    """The plain row the HTML report shows for the deploy directory ``directory``."""
+    check = manifest.check
+    shapes = () if check is None else tuple(
+        DeployShapeRow(shapes_text(s), s.error, s.bound, s.bound_kind, s.passed) for s in check.shapes)
+    return DeployArtifactRow(
+        directory=str(directory), format=manifest.format, artifact=manifest.artifact,
+        artifact_bytes=manifest.artifact_bytes, quantization=manifest.quantization, source=manifest.source,
+        inputs=manifest.inputs, outputs=manifest.outputs, dynamic_axes=axes_text(manifest),
+        runtime="" if check is None else check.runtime, fxforge_importable=bool(check and check.fxforge_importable),
+        check_passed=manifest.passed, check_seconds=0.0 if check is None else check.seconds, shapes=shapes)

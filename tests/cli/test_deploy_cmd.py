@@ -1,0 +1,133 @@
+"""``fxforge deploy`` and ``fxforge inspect DEPLOY_DIR`` in a subprocess: the printed artifact, signature and
+subprocess check, one-line errors for malformed manifests and failed exports, usage errors for bad formats."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from cli_support import run_cli
+
+from fxforge.deploy import DeployCheck, DeployError, DeployManifest, ShapeCheck
+from fxforge.deploy.manifest import write_manifest
+
+
+def deploy_dir(path: Path, quantization: str = "float", passed: bool = True, artifact_bytes: int = 4321) -> Path:
+    """A deploy directory as ``fxforge deploy`` leaves it: a (stand-in) artifact and its manifest."""
+    path.mkdir(parents=True)
+    (path / "model.onnx").write_bytes(b"\0" * artifact_bytes)
+    shapes = (ShapeCheck({"input_ids": [2, 16], "attention_mask": [2, 16]}, 3.2e-7, 1e-4, "relative", True),
+              ShapeCheck({"input_ids": [5, 37], "attention_mask": [5, 37]}, 4.1e-7 if passed else 0.25, 1e-4,
+                         "relative", passed))
+    manifest = DeployManifest(
+        format="onnx", artifact="model.onnx", artifact_bytes=artifact_bytes, inputs=("input_ids", "attention_mask"),
+        outputs=("logits",), dynamic_axes={"input_ids": {0: "batch", 1: "seq"},
+                                           "attention_mask": {0: "batch", 1: "seq"}, "logits": {0: "batch"}},
+        quantization=quantization, source="tiny-bert",
+        check=DeployCheck("onnxruntime 1.32.0", False, shapes, passed, 2.5))
+    write_manifest(path, manifest)
+    return path
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("fxforge: error: "), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_inspect_deploy_dir_shows_artifact_signature_and_check(tmp_path: Path) -> None:
+    path = deploy_dir(tmp_path / "bert-onnx")
+    proc = run_cli("inspect", str(path))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"artifact:     {path / 'model.onnx'}\nsize:         0.00 MB (4,321 bytes)\n" in out
+    assert "format:       onnx\n" in out and "quantization: float\n" in out and "source:       tiny-bert\n" in out
+    flat = " ".join(out.split())
+    assert "inputs: input_ids (dim 0: batch, dim 1: seq), attention_mask (dim 0: batch, dim 1: seq)" in flat
+    assert "outputs: logits (dim 0: batch)" in flat
+    assert "check: passed: onnxruntime 1.32.0 in a fresh subprocess, fxforge importable: no, 2 shapes, 2.5 s" in flat
+    rows = [line.split() for line in out.splitlines() if line.startswith("  input_ids")]
+    assert rows == [["input_ids,", "attention_mask", "2x16", "3.2e-07", "0.0001", "relative", "pass"],
+                    ["input_ids,", "attention_mask", "5x37", "4.1e-07", "0.0001", "relative", "pass"]]
+    assert max(len(line) for line in out.splitlines()) <= 100  # run_cli sets COLUMNS=100
+    assert "nodes" not in out  # no graph was captured or loaded
+
+
+def summary_at(path: Path, columns: int, monkeypatch: pytest.MonkeyPatch) -> str:
+    from fxforge.cli.inspect_cmd import deploy_summary
+
+    monkeypatch.setenv("COLUMNS", str(columns))  # the summary wraps to the terminal (make's may be 80 wide)
+    return deploy_summary(path)
+
+
+def test_inspect_deploy_dir_wraps_to_a_narrow_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    text = summary_at(deploy_dir(Path("d")), 60, monkeypatch)
+    assert max(len(line) for line in text.splitlines()) <= 60, text
+    flat = " ".join(text.split())
+    assert "fxforge importable: no" in flat and "attention_mask (dim 0: batch, dim 1: seq)" in flat
+
+
+def test_inspect_deploy_dir_flags_a_failed_check_and_a_changed_artifact(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = deploy_dir(tmp_path / "d", passed=False)
+    (path / "model.onnx").write_bytes(b"\0" * 10)
+    text = summary_at(path, 160, monkeypatch)
+    flat = " ".join(text.split())
+    assert "check: FAILED: onnxruntime" in flat
+    assert re.search(r"5x37 +0\.25 +0\.0001 relative +FAIL", text), text
+    assert "CHANGED: 10 bytes on disk now" in flat
+    (path / "model.onnx").unlink()
+    assert "MISSING: no model.onnx in" in " ".join(summary_at(path, 160, monkeypatch).split())
+
+
+def test_inspect_prints_hostile_manifest_strings_without_terminal_controls(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    path = deploy_dir(tmp_path / "d", quantization="qdq \u009b31m int8 \u202e")  # C1 CSI, bidi override
+    text = summary_at(path, 160, monkeypatch)
+    assert "quantization: qdq ?31m int8 ?\n" in text
+    assert "\u009b" not in text and "\u202e" not in text
+
+
+def test_inspect_malformed_manifest_is_one_line(tmp_path: Path) -> None:
+    path = deploy_dir(tmp_path / "d")
+    doc = json.loads((path / "deploy.json").read_text())
+    doc["check"]["passed"] = "yes"
+    (path / "deploy.json").write_text(json.dumps(doc))
+    assert_one_line_error(run_cli("inspect", str(path)), "deploy.json", "check.passed must be true or false")
+    (path / "deploy.json").write_text('{"version": 1, "format": "on')
+    assert_one_line_error(run_cli("inspect", str(path)), "deploy.json: invalid JSON")
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("[]", "must be a JSON object"),
+    (json.dumps({"version": 1, "format": "tflite"}), "missing keys"),
+])
+def test_inspect_summary_refuses_malformed_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
+                                                     fragment: str) -> None:
+    path = deploy_dir(tmp_path / "d")
+    (path / "deploy.json").write_text(text)
+    with pytest.raises(DeployError, match=re.escape(fragment)):
+        summary_at(path, 100, monkeypatch)
+
+
+def test_unknown_format_is_a_usage_error(tmp_path: Path) -> None:
+    proc = run_cli("deploy", "tiny-bert", "--format", "tflite", "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "'tflite' is not a deploy format; choose one of onnx, aoti" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert run_cli("deploy", "tiny-bert").returncode == 2  # --format is required
+
+
+def test_default_out_is_model_name_and_format() -> None:
+    from fxforge.cli.deploy import default_out
+
+    assert default_out("tiny-bert", "onnx") == Path("tiny-bert-onnx")
+    assert default_out("ckpt/minilm.v1/", "aoti") == Path("minilm.v1-aoti")
+    assert default_out("org/name", "onnx") == Path("name-onnx")
+
