@@ -1,4 +1,4 @@
-"""The ``fxforge`` command line (typer): inspect, run, search, report, verify, draw.
+"""The ``fxforge`` command line (typer): inspect, run, search, report, verify, draw, generate, deploy.
 
 ``main()`` is the console script: any failure is one line on stderr and exit code 1 (usage errors: 2),
 with the traceback only under ``--debug`` (accepted anywhere on the command line).
@@ -66,7 +66,7 @@ def _exit_code(exc: BaseException) -> int:
 
 
 def _register() -> None:
-    from . import checkpoint_cmds, commands, generate  # noqa: F401 - importing registers the commands on ``app``
+    from . import checkpoint_cmds, commands, deploy, generate  # noqa: F401 - importing registers the commands on ``app``
 
 
 def main(argv: Sequence[str] | None = None) -> int:
