@@ -1,0 +1,301 @@
+"""The fine-tuned MiniLM classifier deployed outside fxforge: ONNX Runtime and AOTInductor beside fp32 eager.
+
+    .venv/bin/python -m fxforge.benchmarks.bench_deploy_minilm [--model fxforge-demo/minilm-lora]
+        [--best fxforge-demo/best] [--quick] [--json OUT]
+
+Artifacts (benchmarks/deploy_runtimes.py builds them): the fp32 graph exported to ONNX; ONNX Runtime's own
+``quantize_dynamic`` (QInt8 weights: every op it quantizes, and MatMul/Gemm only) and ``quantize_static``
+(QDQ, per-channel, MatMul/Gemm, min-max on ``--calib`` training reviews) of that export; fxforge's int8 QDQ
+artifact (every Linear int8, activations calibrated on the same reviews); the search's best point (``--best``)
+as QDQ, or when its formats are refused, its pruned + shrunk FFN with the same int8 linears; an AOTInductor
+package; torch.ao dynamic int8 for reference. Printed, in one run (interleaved rounds, medians): the CPU and
+threads, then per shape (batch 8 x 128 and 1 x 128 tokens) each artifact's latency and its ratio to fp32
+eager, its bytes and their ratio to the fp32 ONNX file, its accuracy on ``--eval`` held-out reviews and the
+difference to the accuracy of the fxforge graph it came from; last, the issue's targets as met / not met.
+Timings on a shared machine are noisy; the exit code says only that the run finished.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import functools  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from fxforge.benchmarks import deploy_runtimes as rt  # noqa: E402
+from fxforge.benchmarks.bench_minilm_lowered import cpu_model, fine_tuned  # noqa: E402
+from fxforge.benchmarks.minilm_ship import disk_bytes, prune_ffn  # noqa: E402
+from fxforge.benchmarks.timing import interleaved  # noqa: E402
+from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
+
+TARGETS = {"int8_x_eager": 0.6, "shrunk_x_eager": 0.4, "aoti_x_eager": 0.85, "accuracy_pt": 0.5}
+ORT_OWN = ("ORT quantize_dynamic", "ORT quantize_dynamic MatMul", "ORT quantize_static QDQ")
+FXFORGE_INT8, SHRUNK, AOTI, EAGER = "fxforge ONNX int8 QDQ", "shrunk + int8 ONNX QDQ", "AOTInductor", "fp32 eager"
+
+
+@dataclass
+class Variant:
+    """One runtime: how to run it, its artifact's bytes (None: no artifact) and the fxforge graph it came from."""
+
+    run: rt.Runner
+    bytes: int | None
+    reference: str
+    how: str = ""
+    accuracy: float = float("nan")
+    median_ms: dict[str, float] = field(default_factory=dict)
+
+
+class Log(list[str]):
+    """Notes printed as they happen, with the seconds since the run started (and kept for --json)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t0 = time.perf_counter()
+
+    def __call__(self, note: str) -> None:
+        print(f"[{time.perf_counter() - self.t0:5.0f}s] {note}", flush=True)
+        self.append(note)
+
+
+def lscpu_model() -> str:
+    """``lscpu``'s model name line (falls back to /proc/cpuinfo through cpu_model)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return cpu_model()
+    names = [ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")]
+    return f"{names[0] if names else '?'}; {cpu_model()}"
+
+
+def describe_formats(graph: ForgeGraph) -> str:
+    """The distinct quantizer formats of ``graph`` by layer type, e.g. ``QuantizedLinear weight mxint(width=3)``."""
+    seen: dict[str, int] = {}
+    for module in graph.model.modules():
+        for role in ("weight", "data_in", "bias", "data_out"):
+            q = getattr(module, f"{role}_quantizer", None)
+            if q is not None and hasattr(q, "spec"):
+                key = f"{type(module).__name__} {role} {q.spec.format}{dict(q.spec.params)}"
+                seen[key] = seen.get(key, 0) + 1
+    return "; ".join(f"{k} x{n}" for k, n in seen.items()) or "float (no quantizers)"
+
+
+def ffn_widths(graph: ForgeGraph) -> list[int]:
+    """The FFN expansions' output widths (one per layer), the structure a pruned point keeps."""
+    return [int(m.out_features) for n, m in graph.model.named_modules() if n.endswith("intermediate.dense")]
+
+
+def accuracy(run: rt.Runner, batches: Any) -> float:
+    correct = total = 0
+    with torch.no_grad():
+        for inputs, labels in batches:
+            correct += int((run(**inputs).argmax(-1) == labels).sum())
+            total += int(labels.numel())
+    return correct / total
+
+
+def build(args: argparse.Namespace, work: Path, log: Log) -> tuple[dict[str, Variant], dict[str, float], Any]:
+    """Every artifact and reference graph; returns variants, the fxforge graphs' accuracies and the task."""
+    from fxforge.quiet import quiet
+    from fxforge.search import TextClassificationTask
+
+    base = fine_tuned(Path(args.model))
+    with quiet():
+        task = TextClassificationTask("imdb", train_size=args.calib, eval_size=args.eval, max_length=args.length,
+                                      eval_batch_size=8, progress=False, calibration_size=args.calib)
+    calib = task.calibration(base.model)[0]
+    log(f"{args.model} loaded; {len(task.data['test'])} held-out and {len(task.data['train'])} calibration reviews")
+    graphs: dict[str, ForgeGraph] = {"fp32 graph": base, "fxforge int8 graph": rt.fxforge_int8(base, calib)}
+    log("fxforge int8 graph: every Linear int8 (per-channel symmetric weights, per-tensor asymmetric activations, "
+        "min-max calibrated)")
+    fp32_path, how = rt.export_fp32_onnx(base, work / "fp32")
+    log(f"fp32 ONNX: {how}, {rt.artifact_bytes(fp32_path)} bytes")
+    fp32_bytes = rt.artifact_bytes(fp32_path)
+    variants: dict[str, Variant] = {
+        EAGER: Variant(rt.eager_runner(base.model), None, "fp32 graph", f"{disk_bytes(base) / 1e6:.1f} MB weights"),
+        "ORT fp32": Variant(rt.ort_session(fp32_path), fp32_bytes, "fp32 graph", how)}
+    for name, kind in zip(ORT_OWN, ("dynamic", "dynamic-matmul", "static")):
+        path = rt.ort_quantize(fp32_path, work / f"ort-{kind}.onnx", kind, calib)
+        variants[name] = Variant(rt.ort_session(path), rt.artifact_bytes(path), "fp32 graph", kind)
+        log(f"{name}: {rt.artifact_bytes(path)} bytes")
+    qdq, how = rt.export_qdq_onnx(graphs["fxforge int8 graph"], work / "int8")
+    log(f"{FXFORGE_INT8}: {how}")
+    if qdq is not None:
+        variants[FXFORGE_INT8] = Variant(rt.ort_session(qdq), rt.artifact_bytes(qdq), "fxforge int8 graph", how)
+    shrunk_point(args, base, task, graphs, variants, log, work)
+    pt2, names = rt.export_aoti_package(base, work / "aoti")
+    log(f"AOTInductor: fxforge.deploy.export_aoti, {rt.artifact_bytes(pt2)} bytes")
+    variants[AOTI] = Variant(rt.aoti_runner(pt2, names), rt.artifact_bytes(pt2), "fp32 graph", "export_aoti")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ao = torch.ao.quantization.quantize_dynamic(copy.deepcopy(base.model), {torch.nn.Linear}, dtype=torch.qint8)
+    variants["torch.ao dynamic int8"] = Variant(rt.eager_runner(ao), None, "fp32 graph", "eager, not an artifact")
+    acc = {name: accuracy(rt.eager_runner(g.model), task.eval_batches()) for name, g in graphs.items()}
+    variants[EAGER].accuracy = acc["fp32 graph"]  # the same module: measured once
+    log("fxforge graphs' accuracies: " + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()))
+    return variants, acc, task
+
+
+def shrunk_point(args: argparse.Namespace, base: ForgeGraph, task: Any, graphs: dict[str, ForgeGraph],
+                 variants: dict[str, Variant], log: Log, work: Path) -> None:
+    """The search's best point as QDQ; when refused, its pruned + shrunk FFN structure with int8 linears."""
+    best_dir = Path(args.best)
+    if not (best_dir / "manifest.json").is_file():
+        log(f"{SHRUNK}: no search point at {best_dir} (run `make demo`, or pass --best CKPT): skipped")
+        return
+    best = ForgeGraph.from_checkpoint(best_dir).eval()
+    log(f"best point {best_dir}: FFN widths {sorted(set(ffn_widths(best)))} of "
+                 f"{sorted(set(ffn_widths(base)))}; {describe_formats(best)}")
+    path, how = rt.export_qdq_onnx(best, work / "best")
+    if path is not None:
+        graphs["best graph"] = best
+        variants["best point ONNX QDQ (as is)"] = Variant(rt.ort_session(path), rt.artifact_bytes(path),
+                                                          "best graph", how)
+    log(f"best point as is, ONNX QDQ: {how}")
+    widths, full = ffn_widths(best), ffn_widths(base)
+    sparsity = 1 - widths[0] / full[0]
+    calib = task.calibration(base.model)
+    shrunk = prune_ffn(base, sparsity, "taylor", calib)
+    same = ffn_widths(shrunk) == widths
+    log(f"{SHRUNK}: the best point's structure ({sparsity:.0%} of FFN units removed by Taylor importance on "
+                 f"{args.calib} training reviews, widths {'equal' if same else 'NOT equal'} to the best's), every "
+                 "Linear in static int8 (per-channel weights, calibrated activations) instead of its formats")
+    graphs["shrunk int8 graph"] = rt.fxforge_int8(shrunk, calib[0])
+    path, how = rt.export_qdq_onnx(graphs["shrunk int8 graph"], work / "shrunk")
+    log(f"{SHRUNK}: {how}")
+    if path is None:
+        return
+    variants[SHRUNK] = Variant(rt.ort_session(path), rt.artifact_bytes(path), "shrunk int8 graph", how)
+
+
+def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rounds: int) -> None:
+    """Interleaved medians of every timed variant at each batch size (held-out reviews, --length tokens)."""
+    first = task.eval_batches()[0][0]
+    for b in batches:
+        inputs = {k: v[:b] for k, v in first.items()}
+        if inputs["input_ids"].shape[0] < b:
+            raise SystemExit(f"batch {b} needs at least that many held-out reviews (--eval)")
+        with torch.no_grad():
+            times = interleaved({k: functools.partial(v.run, **inputs) for k, v in variants.items()}, rounds)
+        for k, t in times.medians().items():
+            variants[k].median_ms[f"{b}x"] = t * 1e3
+
+
+def report(args: argparse.Namespace, variants: dict[str, Variant], acc: dict[str, float], fp32_bytes: int,
+           shapes: list[str]) -> dict[str, Any]:
+    """Print the table and the targets; return what was printed as numbers."""
+    n = args.eval
+    print(f"\n{'artifact':<30} " + " ".join(f"{s + str(args.length) + ' ms':>12} {'x eager':>7}" for s in shapes)
+          + f" {'MB':>7} {'x fp32':>6} {'accuracy':>8} {'d pt':>6}  reference graph")
+    rows: dict[str, Any] = {}
+    for name, v in variants.items():
+        eager = variants[EAGER].median_ms
+        cells = [f"{v.median_ms[s]:>12.1f} {v.median_ms[s] / eager[s]:>7.3f}" if s in v.median_ms
+                 else f"{'':>12} {'':>7}" for s in shapes]
+        size = f"{v.bytes / 1e6:>7.1f} {v.bytes / fp32_bytes:>6.3f}" if v.bytes else f"{'':>7} {'':>6}"
+        diff = 100 * (v.accuracy - acc[v.reference])
+        print(f"{name:<30} {' '.join(cells)} {size} {v.accuracy:>8.3f} {diff:>+6.1f}  {v.reference} "
+              f"({acc[v.reference]:.3f})")
+        rows[name] = {"median_ms": v.median_ms, "x_eager": {s: v.median_ms[s] / eager[s] for s in v.median_ms},
+                      "bytes": v.bytes, "x_fp32_bytes": v.bytes / fp32_bytes if v.bytes else None,
+                      "accuracy": v.accuracy, "reference": v.reference, "diff_pt": diff, "how": v.how}
+    print(f"(accuracy on {n} held-out reviews at {args.length} tokens; d pt: artifact - its fxforge graph; bytes "
+          "over the fp32 ONNX file; eager rows have no artifact)")
+    return rows
+
+
+def targets(rows: dict[str, Any], shape: str, length: int) -> dict[str, Any]:
+    """The issue's targets at ``shape`` as met / not met (None: that artifact is missing)."""
+    def x(name: str) -> float | None:
+        return rows.get(name, {}).get("x_eager", {}).get(shape)
+
+    own = [v for v in (x(n) for n in ORT_OWN) if v is not None]
+    i8, sh, ao = x(FXFORGE_INT8), x(SHRUNK), x(AOTI)
+    best_own = min(own) if own else None
+
+    def le(a: float | None, b: float | None) -> bool | None:
+        return None if a is None or b is None else a <= b
+
+    checks: dict[str, bool | None] = {
+        f"fxforge ONNX int8 {_f(i8)}x <= best ORT own quantizer {_f(best_own)}x": le(i8, best_own),
+        f"fxforge ONNX int8 {_f(i8)}x <= {TARGETS['int8_x_eager']}x fp32 eager": le(i8, TARGETS["int8_x_eager"]),
+        f"shrunk + int8 {_f(sh)}x <= {TARGETS['shrunk_x_eager']}x": le(sh, TARGETS["shrunk_x_eager"]),
+        f"AOTInductor {_f(ao)}x <= {TARGETS['aoti_x_eager']}x": le(ao, TARGETS["aoti_x_eager"])}
+    for name, r in rows.items():
+        if r["bytes"] is not None:
+            checks[f"{name} accuracy {r['diff_pt']:+.1f} pt within {TARGETS['accuracy_pt']} pt of {r['reference']}"] = \
+                abs(r["diff_pt"]) <= TARGETS["accuracy_pt"]
+    print(f"\ntargets at {shape}{length} (facts of this run, noisy machine):")
+    for what, ok in checks.items():
+        print(f"{'missing' if ok is None else 'met    ' if ok else 'NOT met'} {what}")
+    return checks
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="fxforge-demo/minilm-lora", help="fine-tuned fp32 fxforge checkpoint")
+    parser.add_argument("--best", default="fxforge-demo/best", help="the search's best point (a checkpoint)")
+    parser.add_argument("--eval", type=int, default=1000, help="held-out reviews for accuracy")
+    parser.add_argument("--calib", type=int, default=256, help="training reviews calibrating static int8")
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--batches", default="8,1", help="batch sizes timed (comma-separated)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--quick", action="store_true", help="64 reviews, 32 calibration reviews, 3 rounds")
+    parser.add_argument("--keep", default=None, help="keep the artifacts in this directory")
+    parser.add_argument("--json", default=None, help="also write the numbers here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.eval, args.calib, args.rounds = min(args.eval, 64), min(args.calib, 32), min(args.rounds, 3)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"CPU: {lscpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads (ORT "
+          f"intra_op_num_threads the same); load average {os.getloadavg()[0]:.1f}")
+    log = Log()
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fxforge-deploy-bench-"))
+    try:
+        variants, acc, task = build(args, work, log)
+        fp32_bytes = variants["ORT fp32"].bytes or 1
+        time_shapes(variants, task, batches, args.rounds)
+        log(f"timed {len(variants)} variants at batches {batches}, {args.rounds} rounds")
+        for v in variants.values():
+            if v.accuracy != v.accuracy:  # NaN: not measured yet
+                v.accuracy = accuracy(v.run, task.eval_batches())
+        log("accuracies measured")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    shapes = [f"{b}x" for b in batches]
+    rows = report(args, variants, acc, fp32_bytes, shapes)
+    checks = targets(rows, f"{batches[0]}x", args.length)
+    if args.json:
+        doc = {"cpu": lscpu_model(), "threads": torch.get_num_threads(), "length": args.length, "batches": batches,
+               "rounds": args.rounds, "eval_reviews": len(task.data["test"]), "graph_accuracy": acc,
+               "fp32_onnx_bytes": fp32_bytes, "artifacts": rows, "targets": checks, "notes": list(log),
+               "loadavg": os.getloadavg()}
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
