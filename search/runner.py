@@ -25,7 +25,7 @@ from .objectives import Constraint, Objective, measure_objectives, resolve_objec
 from .progress import OptunaLogsAboveBar
 from .samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler, study_seed
 from .space import SearchSpace, TrialPlan
-from .storage import StorageSpec, batched_params, open_storage
+from .storage import StorageSpec, batched_params, fail_stale_trials, open_storage
 from .task import Task
 
 __all__ = ["SAMPLERS", "PRUNERS", "Search", "apply_steps", "build_trial_graph", "plan_pipelines", "run_plan",
@@ -52,15 +52,6 @@ def _set_constraints(trial: optuna.Trial, violations: Sequence[float]) -> None:
     """Tell the sampler how far the trial is from feasible (<= 0: feasible), one value per constraint."""
     for i, v in enumerate(violations):
         trial.set_constraint(str(i), float(v))
-
-
-def _fail_interrupted(storage: optuna.storages.BaseStorage, study_name: str) -> None:
-    """Mark trials left RUNNING by a killed process as FAIL (the embedded store has one writer at a time),
-    through the storage's public BaseStorage methods."""
-    study_id = storage.get_study_id_from_name(study_name)
-    for t in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
-        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
 
 
 def trial_pipeline(steps: Sequence[tuple[str, Mapping[str, Any]]], name: str) -> Pipeline | None:
@@ -152,7 +143,8 @@ class Search:
         task: evaluation data (and training, for spaces that fine-tune).
         n_trials: the study's target count of finished (complete or pruned) trials.
         sampler / pruner: by name (samplers: tpe, nsga2, random, grid, gp; pruners: median, hyperband).
-        storage: None (journal file in ``run_dir``), a journal path, ``sqlite:///…`` or ``postgresql://…``.
+        storage: None (journal file in ``run_dir``), a journal path, ``sqlite:///…`` or ``postgresql://…``, or a
+            StorageSpec (e.g. with another heartbeat interval and grace period).
         resume: continue an existing study of the same name and space (else an existing one is refused).
         constraints: e.g. ``[Constraint("accuracy", max_drop=0.01)]`` (feasible trials first in results).
         capture: ForgeGraph keyword arguments for NAS trials (e.g. ``{"hf_input_names": [...]}``).
@@ -168,7 +160,7 @@ class Search:
     n_trials: int = 20
     sampler: str = "tpe"
     pruner: str | None = None
-    storage: str | None = None
+    storage: str | StorageSpec | None = None
     study_name: str = "fxforge"
     run_dir: str | Path = "fxforge-search"
     resume: bool = False
@@ -227,7 +219,8 @@ class Search:
     # -- study ----------------------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
         """Create or (with ``resume``) load the study; refuses a clash of name, space or objectives."""
-        storage = open_storage(StorageSpec(self.storage), Path(self.run_dir))
+        where = self.storage_spec()
+        storage = open_storage(where, Path(self.run_dir))
         directions = [o.direction for o in self._objectives]
         existing = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
         spec = json.dumps(self._bound_spec(), sort_keys=True)
@@ -245,8 +238,7 @@ class Search:
             if not self.resume:
                 raise SearchError(f"study {self.study_name!r} already exists ({len(study.trials)} trials); "
                                   "pass resume=True to continue it, or choose another study_name")
-            if StorageSpec(self.storage).kind == "journal":
-                _fail_interrupted(storage, self.study_name)
+            fail_stale_trials(study, storage, where.kind)  # what a killed process left RUNNING
             return study
         study = optuna.create_study(storage=storage, study_name=self.study_name, directions=directions,
                                     sampler=self._make_sampler(0), pruner=make_pruner(self.pruner))
@@ -255,6 +247,10 @@ class Search:
         if self.config_json is not None:
             study.set_user_attr(CONFIG_ATTR, self.config_json)
         return study
+
+    def storage_spec(self) -> StorageSpec:
+        """Where the study lives (``storage`` as given, or a StorageSpec of the URL or path)."""
+        return self.storage if isinstance(self.storage, StorageSpec) else StorageSpec(self.storage)
 
     def _bound_spec(self) -> dict[str, Any]:
         return self.space.to_spec()

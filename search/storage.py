@@ -1,10 +1,11 @@
 """Where a study lives: an embedded journal file by default, SQLite, or PostgreSQL for many workers.
 
 Embedded (a path or None): Optuna's journal file under the run directory — append-only, so a search
-killed with Ctrl-C or SIGKILL loses no finished trial and resumes. ``sqlite:///…`` and
-``postgresql://…`` use Optuna's RDBStorage; for PostgreSQL every worker sends a heartbeat, and a trial
-whose worker died (no heartbeat for ``grace_period`` s) is marked failed and re-queued with the same
-parameters by :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`, so another worker finishes it.
+killed with Ctrl-C or SIGKILL loses no finished trial and resumes (its one writer fails what a killed run
+left RUNNING). ``sqlite:///…`` and ``postgresql://…`` use Optuna's RDBStorage; every worker sends a
+heartbeat, and a trial whose worker died (no heartbeat for ``grace_period`` s) is marked failed — by the
+next trial any worker starts, or by a resume — and re-queued with the same parameters by
+:class:`optuna.storages.RetryHeartbeatStaleTrialCallback`, so another worker (or the resumed run) finishes it.
 Both kinds are what ``optuna-dashboard`` reads (``optuna-dashboard <journal file or URL>``).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +26,8 @@ from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 
 from .errors import SearchError
 
-__all__ = ["BufferedJournalBackend", "BufferedJournalStorage", "StorageSpec", "batched_params", "open_storage"]
+__all__ = ["BufferedJournalBackend", "BufferedJournalStorage", "StorageSpec", "batched_params", "fail_stale_trials",
+           "open_storage"]
 
 JOURNAL_NAME = "study.journal"
 
@@ -66,13 +69,10 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
         path.parent.mkdir(parents=True, exist_ok=True)
         return BufferedJournalStorage(str(path))
     url = _sqlalchemy_url(str(spec.url))
-    kwargs: dict[str, Any] = {}  # RDBStorage's heartbeat arguments (int, int, callback)
-    if kind == "postgresql":
-        kwargs = {"heartbeat_interval": spec.heartbeat_interval, "grace_period": spec.grace_period,
-                  "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)}
-        engine = {"connect_args": {"connect_timeout": 5}}
-    else:
-        engine = {}
+    kwargs: dict[str, Any] = {  # RDBStorage's heartbeat arguments (int, int, callback), on every database
+        "heartbeat_interval": spec.heartbeat_interval, "grace_period": spec.grace_period,
+        "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)}
+    engine = {"connect_args": {"connect_timeout": 5}} if kind == "postgresql" else {}
     try:
         storage = RDBStorage(url, engine_kwargs=engine, **kwargs)
         if kind == "postgresql":
@@ -82,6 +82,21 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
         reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         safe = url.split("@")[-1] if "@" in url else url
         raise SearchError(f"cannot open study storage {safe}: {reason}") from None
+
+
+def fail_stale_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, kind: str) -> None:
+    """Fail the trials a dead process left RUNNING, when a study is resumed. Journal: every RUNNING trial (the
+    embedded store has one writer at a time). Databases: those whose heartbeat is older than the grace period,
+    re-queued with their parameters by the storage's retry callback (live workers' trials keep running)."""
+    if kind != "journal":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # Optuna calls it per trial too
+            optuna.storages.fail_stale_trials(study)
+        return
+    study_id = storage.get_study_id_from_name(study.study_name)  # public BaseStorage methods only
+    for t in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
 
 
 def _ping_after_idle(engine: Any, idle_s: float) -> None:

@@ -1,9 +1,9 @@
 """Join a shared study as one more worker (``fxforge search worker --storage postgresql://… --study NAME``).
 
 The worker rebuilds the search from the config stored in the study by whoever created it (no config
-file needs to travel), then evaluates trials until the study holds its target count. With a
-PostgreSQL storage each worker heartbeats; a worker killed mid-trial leaves a trial that another
-worker's heartbeat check marks failed and re-queues with the same parameters.
+file needs to travel), then evaluates trials until the study holds its target count. Each worker
+heartbeats (PostgreSQL and SQLite); a worker killed mid-trial leaves a trial that another worker's
+heartbeat check (or a resume) marks failed and re-queues with the same parameters.
 """
 
 from __future__ import annotations
