@@ -9,7 +9,7 @@ import torch
 import torch._inductor
 
 from .manifest import DeployError
-from .signature import DeployProgram
+from .signature import DeployProgram, torch_noise_ignored
 
 __all__ = ["write_aoti"]
 
@@ -18,7 +18,7 @@ def write_aoti(program: DeployProgram, path: Path) -> Path:
     """Compile and package ``program`` at ``path`` (tens of seconds even for small models: inductor compiles
     C++); DeployError naming the failure."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch_noise_ignored():
             out = torch._inductor.aoti_compile_and_package(program.program, package_path=str(path))
     except Exception as exc:
         raise DeployError(f"AOTInductor compile failed ({type(exc).__name__}: {str(exc)[:800]})") from exc

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .manifest import DeployError
-from .signature import DeployProgram
+from .signature import DeployProgram, torch_noise_ignored
 
 __all__ = ["write_onnx", "INLINE_LIMIT"]
 
@@ -26,7 +26,7 @@ def write_onnx(program: DeployProgram, path: Path) -> Path:
     weight_bytes = sum(t.numel() * t.element_size() for t in (*ep.state_dict.values(), *ep.constants.values())
                        if isinstance(t, torch.Tensor))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch_noise_ignored():
             onnx_program = torch.onnx.export(ep, (), dynamo=True, input_names=list(program.signature.input_names),
                                              output_names=list(program.signature.output_names), verbose=False)
     except Exception as exc:

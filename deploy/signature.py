@@ -20,6 +20,9 @@ back from the exported program, never assumed from what was asked.
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +37,7 @@ from ..graph.guards import check_input_shapes
 from .manifest import DeployError
 
 __all__ = ["InferenceSignature", "DeployProgram", "inference_signature", "export_program", "LOSS_OUTPUTS",
-           "TRAINING_INPUTS"]
+           "TRAINING_INPUTS", "torch_noise_ignored"]
 
 TRAINING_INPUTS = ("labels",)
 LOSS_OUTPUTS = ("loss",)
@@ -71,6 +74,17 @@ class DeployProgram:
     dynamic_axes: dict[str, dict[int, str]]
     axis_ranges: dict[tuple[str, int], tuple[int, int | None]]
     static: tuple[str, ...]
+
+
+@contextmanager
+def torch_noise_ignored() -> Iterator[None]:
+    """Ignore two warnings torch 2.13 raises inside its own exporters, which no caller can act on (and which are
+    errors under ``-W error``): TreeSpec deep copies rebuilding the deprecated LeafSpec (torch.onnx, inductor), and
+    torch.utils.mkldnn's import-time ``torch.jit.script_method`` (inductor's first compile)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\)", FutureWarning)
+        warnings.filterwarnings("ignore", r".*torch\.jit\.script_method.* is deprecated", DeprecationWarning)
+        yield
 
 
 def _output_leaves(gm: fx.GraphModule) -> tuple[fx.Node, list[tuple[str, Any]]]:

@@ -1,0 +1,167 @@
+"""export_onnx / export_aoti on float graphs: the artifact runs in ONNX Runtime / aoti_load_package at two shapes
+within 1e-4 relative of the fxforge graph; captured, LoRA-fused, pruned + shrunk and compiler-optimized graphs
+export; fxforge:: kernels are refused naming the op and node; the caller's graph is never changed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import bert_inputs, make_gpt, make_tiny_bert
+
+from fxforge import ForgeGraph, passes
+from fxforge.deploy import DeployError, export_aoti, export_onnx, read_manifest
+from fxforge.passes.prune import prune_transform_pass, shrink_transform_pass
+from fxforge.passes.quantize import lower_weight_only_transform_pass, quantize_transform_pass
+
+BOUND = 1e-4
+SHAPES = ((1, 16), (3, 11))  # batch and sequence both differ; batch 1 as the 1x128 benchmark runs it
+INT8_SCALED = {"by": "type", "linear": {"config": {"name": "scaled_integer", "weight_width": 8,
+                                                   "weight_granularity": "per_channel"}}}
+
+
+def _relative(got: Any, want: torch.Tensor) -> float:
+    return float((torch.as_tensor(got) - want).abs().max() / want.abs().max())
+
+
+def _ort(path: Path, inputs: dict[str, torch.Tensor]) -> list[Any]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {k: v.numpy() for k, v in inputs.items()})
+
+
+def _bert_labels() -> ForgeGraph:
+    return ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask", "labels"]).eval()
+
+
+@pytest.fixture(scope="module")
+def bert_onnx(tmp_path_factory: pytest.TempPathFactory) -> tuple[ForgeGraph, Path, Any, str, torch.Tensor]:
+    """The tiny BERT captured with labels, exported (and subprocess-checked) once; with its code and outputs
+    before the export."""
+    mg = _bert_labels()
+    x = bert_inputs(batch=2, seq=9)
+    with torch.no_grad():
+        before = mg(**x).logits
+    code = mg.model.code
+    out = tmp_path_factory.mktemp("deploy") / "bert"
+    manifest = export_onnx(mg, out, source="tiny-bert")
+    return mg, out, manifest, code, before
+
+
+def test_bert_onnx_has_no_labels_and_matches_at_two_shapes(bert_onnx: Any) -> None:
+    mg, out, manifest, _, _ = bert_onnx
+    model = onnx.load(str(out / "model.onnx"))
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in model.graph.output] == ["logits"]
+    assert manifest.inputs == ("input_ids", "attention_mask") and manifest.outputs == ("logits",)
+    assert manifest.dynamic_axes == {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    for batch, seq in SHAPES:
+        x = bert_inputs(batch=batch, seq=seq)
+        (got,) = _ort(out / "model.onnx", {k: v for k, v in x.items() if k != "labels"})
+        with torch.no_grad():
+            want = mg(**x).logits
+        assert got.shape == tuple(want.shape) and _relative(got, want) <= BOUND, (batch, seq)
+
+
+def test_bert_onnx_manifest_records_the_subprocess_check(bert_onnx: Any) -> None:
+    _, out, manifest, _, _ = bert_onnx
+    assert sorted(p.name for p in out.iterdir()) == ["deploy.json", "model.onnx"]  # weights inside the file
+    assert manifest.artifact_bytes == (out / "model.onnx").stat().st_size
+    assert read_manifest(out) == manifest and manifest.source == "tiny-bert" and manifest.quantization == "float"
+    check = manifest.check
+    assert check is not None and check.passed and not check.fxforge_importable and len(check.shapes) == 2
+    assert {s.bound_kind for s in check.shapes} == {"relative"} and all(s.error <= BOUND for s in check.shapes)
+    batches = sorted(s.shapes["input_ids"][0] for s in check.shapes)
+    seqs = {s.shapes["input_ids"][1] for s in check.shapes}
+    assert batches[0] == 1 and batches[1] > 1 and len(seqs) == 2
+
+
+def test_callers_graph_unchanged(bert_onnx: Any) -> None:
+    mg, _, _, code, before = bert_onnx
+    assert mg.model.code == code
+    assert any(n.name == "labels" for n in mg.nodes) and any("shape_guard" in n.name for n in mg.nodes)
+    with torch.no_grad():
+        assert torch.equal(mg(**bert_inputs(batch=2, seq=9)).logits, before)
+
+
+def _lora_fused() -> ForgeGraph:
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
+    passes.init_metadata_analysis_pass(mg)
+    mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"rank": 2, "alpha": 16.0})
+    with torch.no_grad():
+        for name, p in mg.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)  # adapters that change the weights they fuse into
+    mg, _ = passes.fuse_lora_weights_transform_pass(mg)
+    return mg
+
+
+def _pruned_shrunk() -> ForgeGraph:
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
+    for cfg in ({"weight": {"sparsity": 0.5, "granularity": "head"}},
+                {"weight": {"sparsity": 0.5, "granularity": "ffn"}}):
+        mg, _ = prune_transform_pass(mg, cfg)
+    small, _ = shrink_transform_pass(mg)
+    assert small.model.get_submodule("bert.encoder.layer.0.attention.self.query").weight.shape == (16, 32)
+    return small
+
+
+def _optimized() -> ForgeGraph:
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
+    passes.add_common_metadata_analysis_pass(mg)
+    mg, info = passes.optimize_graph_pipeline(mg)
+    assert info.nodes_after < info.nodes_before
+    return mg
+
+
+@pytest.mark.parametrize("build", [_lora_fused, _pruned_shrunk, _optimized], ids=["lora", "shrunk", "optimized"])
+def test_transformed_bert_exports_to_onnx(build: Callable[[], ForgeGraph], tmp_path: Path) -> None:
+    mg = build()
+    manifest = export_onnx(mg, tmp_path / "out", check=False)
+    assert manifest.check is None and manifest.outputs == ("logits",)
+    for batch, seq in SHAPES:
+        x = bert_inputs(batch=batch, seq=seq, labels=False)
+        (got,) = _ort(tmp_path / "out" / "model.onnx", x)
+        with torch.no_grad():
+            assert _relative(got, mg(**x).logits) <= BOUND, (batch, seq)
+
+
+def test_zoo_gpt_exports_to_onnx(tmp_path: Path) -> None:
+    mg = ForgeGraph(make_gpt(), example_inputs=torch.randint(0, 64, (2, 16))).eval()
+    manifest = export_onnx(mg, tmp_path / "gpt", check=False)
+    assert manifest.inputs == ("idx",) and manifest.outputs == ("output_0",)
+    assert manifest.dynamic_axes == {"idx": {0: "batch", 1: "seq"}}
+    gen = torch.Generator().manual_seed(2)
+    for shape in SHAPES:
+        idx = torch.randint(0, 64, shape, generator=gen)
+        (got,) = _ort(tmp_path / "gpt" / "model.onnx", {"idx": idx})
+        with torch.no_grad():
+            assert _relative(got, mg(idx)) <= BOUND, shape
+
+
+def test_fxforge_kernel_refused_naming_op_and_node(tmp_path: Path) -> None:
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
+    sim, _ = quantize_transform_pass(mg, INT8_SCALED)
+    low, info = lower_weight_only_transform_pass(sim)
+    assert set(info.lowered.values()) == {"int8"}
+    for export in (export_onnx, export_aoti):
+        with pytest.raises(DeployError, match=r"fxforge::int8_weight_only_linear at node '\w+' \(module [\w.]+\)"):
+            export(low, tmp_path / "out")
+        assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_aoti_package_matches_at_two_batches(tmp_path: Path) -> None:
+    mg = _bert_labels()
+    manifest = export_aoti(mg, tmp_path / "aoti", check=False)
+    assert manifest.format == "aoti" and manifest.inputs == ("input_ids", "attention_mask")
+    assert read_manifest(tmp_path / "aoti") == manifest
+    package = torch._inductor.aoti_load_package(str(tmp_path / "aoti" / "model.pt2"))
+    for batch, seq in SHAPES:
+        x = bert_inputs(batch=batch, seq=seq)
+        with torch.no_grad():
+            (got,) = package(x["input_ids"], x["attention_mask"])
+            assert _relative(got, mg(**x).logits) <= BOUND, (batch, seq)
