@@ -48,10 +48,12 @@ def deploy(
         raise typer.BadParameter(f"{fmt!r} is not a deploy format; choose one of {', '.join(FORMATS)}",
                                  param_hint="'--format'")
     from ..deploy import export_aoti, export_onnx
+    from ..deploy.output_dir import check_output_dir
     from .deploy_view import manifest_lines
     from .resolve import load_graph
 
     target = out if out is not None else default_out(model, fmt)
+    check_output_dir(target)  # a path that cannot be written fails before the model is loaded
     mg, source = load_graph(model)
     export = export_onnx if fmt == "onnx" else export_aoti
     manifest = export(mg, target, dynamic_batch=dynamic_batch, dynamic_seq=dynamic_seq, check=True,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from ..deploy import DeployManifest, ShapeCheck
+from ..deploy import MANIFEST_NAME, DeployManifest, ShapeCheck
+from ..deploy.output_dir import DEPLOY_FILES
 from ..passes.analysis.table import format_table
 from ..report.deploy import DeployArtifactRow, DeployShapeRow
 
@@ -27,16 +28,24 @@ def size_text(n: int) -> str:
     return f"{n / 1e6:.2f} MB ({n:,} bytes)"
 
 
+def _regular(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
 def artifact_size(manifest: DeployManifest, directory: Path) -> int | None:
-    """The size of the manifest's artifact in ``directory`` now (None when it is not a regular file there)."""
-    path = directory / manifest.artifact
-    return path.stat().st_size if path.is_file() and not path.is_symlink() else None
+    """The bytes of the artifact in ``directory`` now, counted as the export counts them (the artifact and any
+    external-data file beside it); None when the artifact is not a regular file there."""
+    if not _regular(directory / manifest.artifact):
+        return None
+    return sum((directory / name).stat().st_size for name in DEPLOY_FILES
+               if name != MANIFEST_NAME and _regular(directory / name))
 
 
-def _tensor(name: str, manifest: DeployManifest) -> str:
+def _tensor(name: str, manifest: DeployManifest, static_when_absent: bool) -> str:
+    """``name (dim 0: batch, dim 1: seq)``; an input without dynamic axes is static, an output's may be unrecorded."""
     axes = manifest.dynamic_axes.get(name)
     if not axes:
-        return f"{name} (static)"
+        return f"{name} (static)" if static_when_absent else name
     return f"{name} (" + ", ".join(f"dim {axis}: {label}" for axis, label in sorted(axes.items())) + ")"
 
 
@@ -72,8 +81,8 @@ def manifest_lines(manifest: DeployManifest, directory: Path, width: int) -> lis
             ("format:", manifest.format),
             ("quantization:", manifest.quantization),
             ("source:", manifest.source or "(not recorded)"),
-            ("inputs:", ", ".join(_tensor(n, manifest) for n in manifest.inputs)),
-            ("outputs:", ", ".join(_tensor(n, manifest) for n in manifest.outputs))]
+            ("inputs:", ", ".join(_tensor(n, manifest, True) for n in manifest.inputs)),
+            ("outputs:", ", ".join(_tensor(n, manifest, False) for n in manifest.outputs))]
     lines: list[str] = []
     for label, value in rows:  # a path stays whole (copyable) even when longer than the terminal
         lines += textwrap.wrap(f"{label:<14}{_safe(value)}", width, subsequent_indent=pad, break_on_hyphens=False,
@@ -82,8 +91,8 @@ def manifest_lines(manifest: DeployManifest, directory: Path, width: int) -> lis
     if check is None:
         return [*lines, "check:        not run (the artifact was not checked outside fxforge)"]
     verdict = "passed" if check.passed else "FAILED"
-    head = (f"check:        {verdict}: {_safe(check.runtime)} in a fresh subprocess, fxforge importable: "
-            f"{'yes' if check.fxforge_importable else 'no'}, {len(check.shapes)} shapes, {check.seconds:.1f} s")
+    head = (f"check:        {verdict} in a fresh subprocess: {_safe(check.runtime)}, fxforge importable: "
+            f"{'yes' if check.fxforge_importable else 'no'}, {check.seconds:.1f} s")
     lines += textwrap.wrap(head, width, subsequent_indent=pad)
     table = [{"input shapes": _safe(shapes_text(s)), "error": f"{s.error:.3g}", "bound": _bound(s),
               "result": "pass" if s.passed else "FAIL"} for s in check.shapes]
