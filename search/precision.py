@@ -86,6 +86,7 @@ class MixedPrecisionSpace(SearchSpace):
                                   f"parameters: {list(fmt.param_names)}")
             self.formats[name] = {p: check_choices(f"{name}.{p}", v if isinstance(v, list | tuple) else [v])
                                   for p, v in params.items()}
+            _check_each_choice(name, self.formats[name])
         self._allowed = {name: _allowed_after(name, choices) for name, choices in self.formats.items()}
         bad_roles = [r for r in roles if r not in ROLES]
         if bad_roles or not roles:
@@ -215,9 +216,22 @@ def _auto_activation(config: Mapping[str, Any]) -> bool:
                if isinstance(entry, Mapping) and "config" in entry for role in ("data_in", "data_out"))
 
 
+def _check_each_choice(fmt: str, choices: Mapping[str, tuple[Any, ...]]) -> None:
+    """Every choice of every parameter passes the format's own check of that parameter (type, range): a
+    choice no trial could use is refused naming it, rather than silently never sampled."""
+    params = {p.name: p for p in get_format(fmt).params}
+    for name, values in choices.items():
+        for value in values:
+            try:
+                params[name].check(value, f"{fmt}.{name}")
+            except QuantizeConfigError as exc:
+                raise SearchError(f"precision space: {fmt}.{name} choice {value!r} is invalid: {exc}") from None
+
+
 def _allowed_after(fmt: str, choices: Mapping[str, tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[Any, ...]] | None:
     """For every prefix of values the format can still complete validly, the values the next parameter may
-    take (in choice order); None when there are too many combinations to list (then sample freely)."""
+    take (in choice order); None when there are too many combinations to list (then sample freely). A choice
+    that is valid with no combination of the others is refused (it would never be sampled)."""
     total = 1
     for values in choices.values():
         total *= len(values)
@@ -225,15 +239,24 @@ def _allowed_after(fmt: str, choices: Mapping[str, tuple[Any, ...]]) -> dict[tup
         return None
     fmt_def = get_format(fmt)
     allowed: dict[tuple[Any, ...], dict[Any, None]] = {}
+    why: dict[tuple[str, Any], str] = {}  # (parameter, choice) → why its last combination was invalid
+    used: set[tuple[str, Any]] = set()
     for combo in itertools.product(*choices.values()):
         try:
             check_role_params(fmt_def, dict(zip(choices, combo)), fmt)
-        except QuantizeConfigError:
+        except QuantizeConfigError as exc:
+            why.update(((name, value), str(exc)) for name, value in zip(choices, combo))
             continue
+        used.update(zip(choices, combo))
         for i, value in enumerate(combo):  # product order keeps each prefix's next values in choice order
             allowed.setdefault(combo[:i], {})[value] = None
     if not allowed:
         raise SearchError(f"precision space: no combination of the {fmt!r} choices {dict(choices)} is valid")
+    for name, values in choices.items():
+        for value in values:
+            if (name, value) not in used:
+                raise SearchError(f"precision space: {fmt}.{name} choice {value!r} fits no combination of the other "
+                                  f"choices {dict(choices)} (e.g. {why[name, value]}); drop it")
     return {prefix: tuple(values) for prefix, values in allowed.items()}
 
 
