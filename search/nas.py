@@ -2,8 +2,9 @@
 
 MASE's tutorial sets ``config.num_layers`` / ``config.num_heads`` — names BertConfig does not have,
 so those choices silently did nothing. Here every field is checked against the config class (an
-unknown field is a SearchError before the study starts), a combination the model cannot build
-(hidden size not divisible by the heads) is pruned before any training, and a Linear whose input and
+unknown field is a SearchError before the study starts, and so is a choice the model cannot be built
+with, e.g. a negative size), a combination the model cannot build (hidden size not divisible by the
+heads) is pruned before any training, and a Linear whose input and
 output widths match may optionally be replaced by ``nn.Identity`` per trial.
 """
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = ["NASSpace", "build_config", "config_fields", "resolve_hf_class"]
+
+MAX_CHECK_BUILDS = 16  # combinations tried per choice when checking that it can build (before any trial)
 
 
 def resolve_hf_class(name: str, base: str) -> type:
@@ -90,14 +93,47 @@ class NASSpace(SearchSpace):
                               f"similar fields: {close}")
         self.identity = tuple(re.compile(p) for p in identity)
 
+    def bind(self, graph: Any) -> NASSpace:
+        """Refuse, before any trial, a choice with which the model cannot be built (a negative or zero size,
+        a float where the config wants an int ...): each choice must build, on the meta device (no memory),
+        with some choice of the other fields that the sampler would not prune."""
+        import itertools
+
+        import torch
+
+        fields = list(self.choices)
+        good: set[tuple[str, Any]] = set()
+        for field in fields:
+            for value in self.choices[field]:
+                if (field, value) in good:
+                    continue
+                error = "every combination with it is pruned"
+                others = [self.choices[f] if f != field else (value,) for f in fields]
+                for combo in itertools.islice(itertools.product(*others), MAX_CHECK_BUILDS):
+                    overrides = dict(zip(fields, combo))
+                    if _pruned_because({**self.base, **overrides}):
+                        continue
+                    try:
+                        with torch.device("meta"):
+                            self.build_model(overrides, ())
+                    except Exception as exc:  # whatever the config or the model's constructor raises
+                        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                        continue
+                    good.update(overrides.items())
+                    break
+                if (field, value) not in good:
+                    raise SearchError(f"nas space: {field} = {value!r} cannot build {self.model_class} from "
+                                      f"{self.config_class} ({error}); drop that choice")
+        return self
+
     def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:
         import optuna
 
         values = {k: trial.suggest_categorical(k, list(v)) for k, v in self.choices.items()}
         merged = {**self.base, **values}
-        hidden, heads = merged.get("hidden_size"), merged.get("num_attention_heads")
-        if isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
-            raise optuna.TrialPruned(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+        reason = _pruned_because(merged)
+        if reason is not None:
+            raise optuna.TrialPruned(reason)
         identity: list[str] = []
         if self.identity:
             for path in self.identity_candidates(merged):
@@ -130,6 +166,14 @@ class NASSpace(SearchSpace):
         return {"kind": self.kind, "config_class": self.config_class, "choices": {k: list(v) for k, v in
                 self.choices.items()}, "base": dict(self.base), "model_class": self.model_class,
                 "identity": [r.pattern for r in self.identity]}
+
+
+def _pruned_because(config: Mapping[str, Any]) -> str | None:
+    """Why a combination is pruned before training (the model could not split its heads), or None."""
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads and hidden % heads:
+        return f"hidden_size {hidden} is not divisible by num_attention_heads {heads}"
+    return None
 
 
 def _auto_class(name: str) -> Any:
