@@ -16,11 +16,15 @@ from conftest import bert_inputs, make_gpt, make_tiny_bert
 
 from fxforge import ForgeGraph, passes
 from fxforge.deploy import DeployError, export_aoti, export_onnx, read_manifest
+from fxforge.deploy import export as export_module
 from fxforge.passes.prune import prune_transform_pass, shrink_transform_pass
-from fxforge.passes.quantize import lower_weight_only_transform_pass, quantize_transform_pass
+from fxforge.passes.quantize import calibrate_transform_pass, lower_weight_only_transform_pass, quantize_transform_pass
 
 BOUND = 1e-4
 SHAPES = ((1, 16), (3, 11))  # batch and sequence both differ; batch 1 as the 1x128 benchmark runs it
+STATIC_INT8 = {"by": "type", "default": {"config": {"name": None}},
+               "linear": {"config": {"name": "scaled_integer", "data_in_width": 8, "weight_width": 8,
+                                     "weight_granularity": "per_channel"}}}
 INT8_SCALED = {"by": "type", "linear": {"config": {"name": "scaled_integer", "weight_width": 8,
                                                    "weight_granularity": "per_channel"}}}
 
@@ -165,3 +169,23 @@ def test_aoti_package_matches_at_two_batches(tmp_path: Path) -> None:
         with torch.no_grad():
             (got,) = package(x["input_ids"], x["attention_mask"])
             assert _relative(got, mg(**x).logits) <= BOUND, (batch, seq)
+
+
+def test_failed_check_keeps_the_artifact_and_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mg = ForgeGraph(make_gpt(), example_inputs=torch.randint(0, 64, (2, 16))).eval()
+    monkeypatch.setattr(export_module, "FLOAT_BOUND", 1e-12)  # float rounding alone exceeds it
+    with pytest.raises(DeployError, match=r"written to .*check failed: error [0-9.e-]+ \(relative\) > bound 1e-12"):
+        export_onnx(mg, tmp_path / "gpt")
+    manifest = read_manifest(tmp_path / "gpt")
+    assert manifest.check is not None and not manifest.check.passed and (tmp_path / "gpt" / "model.onnx").is_file()
+
+
+def test_quantized_graph_exports_as_qdq_checked_in_steps(tmp_path: Path) -> None:
+    mg, _ = quantize_transform_pass(_bert_labels(), STATIC_INT8)
+    mg, _ = calibrate_transform_pass(mg, {"data": [bert_inputs(batch=4, seq=16), bert_inputs(batch=2, seq=30)]})
+    manifest = export_onnx(mg, tmp_path / "q")
+    assert manifest.quantization.startswith("qdq int8 (14 layers") and manifest.outputs == ("logits",)
+    check = manifest.check
+    assert check is not None and check.passed and {s.bound_kind for s in check.shapes} == {"quant_steps"}
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "q" / "model.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
