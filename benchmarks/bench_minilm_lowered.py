@@ -13,7 +13,8 @@ missing checkpoint is refused). Printed, in one run:
    <= 1/8 both);
 3. forward latency at batch 8 x 128 tokens, interleaved rounds, medians: the unpruned fp32 graph, the
    lowered point (target <= 0.45x), torch.ao dynamic int8 (``quantize_dynamic`` on the fp32 graph's Linears)
-   and ONNX Runtime dynamic int8 when onnxruntime is importable (else said so);
+   and ONNX Runtime dynamic int8 (ORT's ``quantize_dynamic`` on ``fxforge.deploy.export_onnx``'s fp32 file)
+   when onnxruntime is importable (else said so);
 4. accuracy on ``--eval`` held-out reviews (1,000; 128 tokens): fp32, the simulated point, the lowered point
    (target: within 0.5 pt of the simulated point), torch.ao dynamic int8.
 Timings on a shared machine are noisy: ``--threads 1`` avoids OpenMP workers waiting for a scheduler slice.
@@ -71,22 +72,28 @@ def torchao_dynamic(graph: ForgeGraph) -> torch.nn.Module:
                                                       dtype=torch.qint8)
 
 
-def onnxruntime_dynamic(model: torch.nn.Module, inputs: dict[str, torch.Tensor], workdir: Path) -> Any:
-    """An ONNX Runtime session of ``model`` quantized by ORT's dynamic int8, or the reason there is none."""
-    try:  # optional, not in the lock: imported by name so type checking does not need it
+def onnxruntime_dynamic(graph: ForgeGraph, workdir: Path) -> Any:
+    """An ONNX Runtime session of the fp32 graph quantized by ORT's dynamic int8 (QInt8 weights), or the reason
+    there is none. The fp32 ONNX file is fxforge's own artifact (``fxforge.deploy.export_onnx``: torch.onnx's
+    dynamo exporter on the inference signature, without ``labels``); the session runs graph optimisation ALL
+    on torch's thread count."""
+    try:  # imported by name so type checking does not need onnxruntime's stubs
         ort = importlib.import_module("onnxruntime")
         quantization = importlib.import_module("onnxruntime.quantization")
     except ImportError:
         return "onnxruntime is not installed in this environment: skipped"
-    fp32, int8 = workdir / "model.onnx", workdir / "model.int8.onnx"
-    names = list(inputs)
-    torch.onnx.export(model, (), str(fp32), kwargs=dict(inputs), input_names=names, output_names=["logits"],
-                      dynamic_axes={n: {0: "batch", 1: "length"} for n in names}, dynamo=False)
-    quantization.quantize_dynamic(str(fp32), str(int8), weight_type=quantization.QuantType.QInt8)
+    from fxforge.deploy import export_onnx
+
+    manifest = export_onnx(graph, workdir / "fp32-onnx", check=False)
+    int8 = workdir / "model.int8.onnx"
+    quantization.quantize_dynamic(str(workdir / "fp32-onnx" / manifest.artifact), str(int8),
+                                  weight_type=quantization.QuantType.QInt8)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = ort.InferenceSession(str(int8), opts, providers=["CPUExecutionProvider"])
-    return lambda **kw: torch.from_numpy(session.run(None, {k: v.numpy() for k, v in kw.items()})[0])
+    names, out = list(manifest.inputs), "logits" if "logits" in manifest.outputs else manifest.outputs[0]
+    return lambda **kw: torch.from_numpy(session.run([out], {k: kw[k].numpy() for k in names})[0])
 
 
 def logits(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 "lowered": disk_bytes(lowered, Path(tmp) / "low")}
         resident = {"fp32": resident_bytes(base), "lowered": resident_bytes(lowered)}
         ao = torchao_dynamic(base)
-        ort = onnxruntime_dynamic(base.model, inputs, Path(tmp))
+        ort = onnxruntime_dynamic(base, Path(tmp))
         variants: dict[str, Any] = {"fp32": base, "lowered": lowered, "torch.ao dynamic int8": ao}
         if callable(ort):
             variants["onnxruntime dynamic int8"] = ort
