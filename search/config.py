@@ -143,7 +143,11 @@ def check_resumable(config: Mapping[str, Any], section: Mapping[str, Any]) -> No
     n_trials, timeout, resume and storage): continuing it otherwise mixes trials measured differently."""
     defaults = {f.name: f.default for f in dataclasses.fields(Search)}
     name = section.get("study_name", defaults["study_name"])
-    storage = open_storage(StorageSpec(section.get("storage")), Path(section.get("run_dir", defaults["run_dir"])))
+    spec, run_dir = StorageSpec(section.get("storage")), Path(section.get("run_dir", defaults["run_dir"]))
+    file = spec.file(run_dir)
+    if file is not None and not file.exists():  # no study yet: create nothing before the search is built
+        return
+    storage = open_storage(spec, run_dir)
     if name not in optuna.get_all_study_names(storage):
         return
     stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get(CONFIG_ATTR)
@@ -191,6 +195,8 @@ def search_from_config(config: Mapping[str, Any], *, output_root: str | Path | N
     _check("top level", config, _SECTIONS)
     section = {"resume": True, **_typed("[search]", config.get("search", {}), _SEARCH_TYPES), **overrides}
     _check("search", section, _SEARCH_KEYS)
+    if isinstance(section.get("storage"), str):
+        StorageSpec(section["storage"])  # a malformed URL (sqlite:/x.db) is refused, not confined as a path
     _confine(section, overrides, output_root, allow_outside_root)
     model = _typed("[model]", config.get("model", {}), _MODEL_TYPES)
     task_args = _typed("[task]", config["task"], _TASK_TYPES) if "task" in config else None

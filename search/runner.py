@@ -190,6 +190,7 @@ class Search:
         if self.space.needs_graph and self.base is None:
             raise SearchError(f"a {self.space.kind} space starts every trial from a base graph: pass base=")
         self.run_dir = Path(self.run_dir)
+        self.storage_spec().check_file(self.run_dir)  # a malformed URL or unwritable file: refused before any trial
         self._bound = self.space.bind(self.base)
         self._baseline: dict[str, float] = {}
         self._finished = _Finished(self.n_trials)

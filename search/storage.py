@@ -11,6 +11,8 @@ Both kinds are what ``optuna-dashboard`` reads (``optuna-dashboard <journal file
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 import warnings
@@ -43,15 +45,70 @@ class StorageSpec:
     max_retry: int = 3
     ping_after_idle: float = 5.0
 
+    def __post_init__(self) -> None:
+        """Refuse a malformed URL or setting here, before anything is opened or created."""
+        for name in ("heartbeat_interval", "grace_period", "max_retry"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise SearchError(f"storage {name} must be a positive integer, got {value!r}")
+        if isinstance(self.ping_after_idle, bool) or not isinstance(self.ping_after_idle, int | float) \
+                or not self.ping_after_idle >= 0:
+            raise SearchError(f"storage ping_after_idle must be a number >= 0, got {self.ping_after_idle!r}")
+        if self.url is None:
+            return
+        if not isinstance(self.url, str) or not self.url.strip():
+            raise SearchError(f"storage must be a journal file path or a database URL, got {self.url!r}")
+        if self.kind == "journal" and _LOOKS_LIKE_URL.match(self.url):  # sqlite:/x.db, sqlite//x.db, postgresql:h
+            raise SearchError(f"storage {self.url!r} is a malformed database URL (it would be taken as a journal "
+                              f"file path); {_URL_FORMS}")
+        if self.kind == "sqlite":
+            path = self.url.split("://", 1)[1].split("?", 1)[0]
+            if not path.startswith("/") or path in ("/", "//") or path.endswith("/"):
+                raise SearchError(f"storage {self.url!r}: an SQLite URL names a file after three slashes; {_URL_FORMS}")
+
     @property
     def kind(self) -> str:
         if self.url is None or "://" not in self.url:
             return "journal"
         scheme = self.url.split("://", 1)[0].split("+", 1)[0]
         if scheme not in ("sqlite", "postgresql"):
-            raise SearchError(f"storage {self.url!r}: scheme {scheme!r} not supported; use a path (journal file), "
-                              "sqlite:///FILE or postgresql://USER@HOST:PORT/DB")
+            raise SearchError(f"storage {self.url!r}: scheme {scheme!r} not supported; {_URL_FORMS}")
         return scheme
+
+    def file(self, run_dir: Path) -> Path | None:
+        """The file the study is kept in (journal or SQLite), None for a server (or SQLite in memory)."""
+        if self.kind == "journal":
+            return Path(self.url) if self.url else run_dir / JOURNAL_NAME
+        if self.kind == "sqlite":
+            path = str(self.url).split("://", 1)[1].split("?", 1)[0][1:]
+            return None if path == ":memory:" else Path(path)
+        return None
+
+    def check_file(self, run_dir: Path) -> None:
+        """Refuse, before anything is created, a storage file that is a directory or cannot be created (a
+        parent that is a file, or a directory not writable)."""
+        path = self.file(run_dir)
+        if path is None:
+            return
+        what = f"storage {self.url!r}" if self.url else f"journal storage {str(path)!r}"
+        if path.is_dir():
+            raise SearchError(f"{what} is a directory; give a file path")
+        if path.exists():
+            if not os.access(path, os.W_OK):
+                raise SearchError(f"{what} is not writable")
+            return
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise SearchError(f"{what}: {str(parent)!r} is not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise SearchError(f"{what}: directory {str(parent)!r} is not writable")
+
+
+_URL_FORMS = "use a path (journal file), sqlite:///FILE or postgresql://USER@HOST:PORT/DB"
+# A scheme and a colon, or a database scheme followed by slashes, without the '://' of a URL.
+_LOOKS_LIKE_URL = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*:|(?:sqlite|postgres(?:ql)?)(?:\+\w+)?//)")
 
 
 def _sqlalchemy_url(url: str) -> str:
@@ -64,10 +121,15 @@ def _sqlalchemy_url(url: str) -> str:
 def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorage:
     """Open (creating if needed) the storage; an unreachable database is one clear SearchError."""
     kind = spec.kind
-    if kind == "journal":
-        path = Path(spec.url) if spec.url else run_dir / JOURNAL_NAME
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return BufferedJournalStorage(str(path))
+    spec.check_file(run_dir)
+    path = spec.file(run_dir)
+    try:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "journal":
+            return BufferedJournalStorage(str(path))
+    except OSError as exc:  # e.g. a read-only file system
+        raise SearchError(f"cannot open study storage {str(path)!r}: {exc.strerror or exc}") from None
     url = _sqlalchemy_url(str(spec.url))
     kwargs: dict[str, Any] = {  # RDBStorage's heartbeat arguments (int, int, callback), on every database
         "heartbeat_interval": spec.heartbeat_interval, "grace_period": spec.grace_period,

@@ -14,7 +14,16 @@ import torch
 import torch.nn as nn
 
 from fxforge import ForgeGraph
-from fxforge.search import MixedPrecisionSpace, NASSpace, Search, SearchError, StorageSpec, TensorTask, space_from_spec
+from fxforge.search import (
+    MixedPrecisionSpace,
+    NASSpace,
+    Search,
+    SearchError,
+    StorageSpec,
+    TensorTask,
+    search_from_config,
+    space_from_spec,
+)
 
 
 class _Net(nn.Module):
@@ -76,6 +85,10 @@ def test_a_malformed_storage_url_is_refused_not_taken_as_a_journal_path(setup, t
     with pytest.raises(SearchError, match="storage"):
         Search(MixedPrecisionSpace({"integer": {"width": [8], "frac_width": [4]}}), ["accuracy"], base=mg,
                task=task, storage=url, run_dir="run", progress=False)
+    config = {"search": {"storage": url, "run_dir": "run"}, "model": {"name": "tiny-bert"},
+              "space": {"kind": "precision", "formats": {"integer": {"width": [8], "frac_width": [4]}}}}
+    with pytest.raises(SearchError, match="storage"):  # from a config file: not confined as a path either
+        search_from_config(config, output_root=tmp_path)
     assert list(tmp_path.iterdir()) == []  # no sqlite:/ directory, no run_dir
 
 
