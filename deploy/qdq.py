@@ -245,7 +245,7 @@ def dedicate_dq(model: Any) -> int:
             if j < len(new.input) and new.input[j] in inits:
                 t = graph.initializer.add()
                 t.CopyFrom(inits[new.input[j]])
-                t.name = new.input[j] = f"{new.input[j]}_{tag}"
+                t.name = new.input[j] = f"{new.input[j]}_{new.name}"  # unique: node names are
         added += 1
         return new
 
