@@ -108,6 +108,8 @@ def search(
     """
     overrides: dict[str, Any] = {k: v for k, v in (("storage", storage), ("n_trials", n_trials),
                                                    ("resume", resume)) if v is not None}
+    if results is not None:  # an unwritable results file is refused now, not after the whole search ran
+        _feature("fxforge.search.paths", "check_writable_file", "searches")(results, "--results")
     if config == "worker":
         if storage is None or study is None:
             raise CliError("a worker needs --storage postgresql://… (or sqlite:///…) and --study NAME")

@@ -102,6 +102,7 @@ class SearchResult:
 
     def to_json(self, path: str | Path) -> Path:
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)  # as the CLI's check of --results allows
         doc = {"study": self.study.study_name, "objectives": self.objectives, "directions": self.directions,
                "baseline": self.baseline, "front": self.rows(), "trials": self.rows(self.study.trials)}
         path.write_text(json.dumps(_strict(doc), indent=1, default=str, allow_nan=False))  # what the report reads

@@ -11,7 +11,6 @@ Both kinds are what ``optuna-dashboard`` reads (``optuna-dashboard <journal file
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -27,6 +26,7 @@ from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrial
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend
 
 from .errors import SearchError
+from .paths import check_writable_file
 
 __all__ = ["BufferedJournalBackend", "BufferedJournalStorage", "StorageSpec", "batched_params", "fail_stale_trials",
            "open_storage"]
@@ -88,22 +88,8 @@ class StorageSpec:
         """Refuse, before anything is created, a storage file that is a directory or cannot be created (a
         parent that is a file, or a directory not writable)."""
         path = self.file(run_dir)
-        if path is None:
-            return
-        what = f"storage {self.url!r}" if self.url else f"journal storage {str(path)!r}"
-        if path.is_dir():
-            raise SearchError(f"{what} is a directory; give a file path")
-        if path.exists():
-            if not os.access(path, os.W_OK):
-                raise SearchError(f"{what} is not writable")
-            return
-        parent = path.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if not parent.is_dir():
-            raise SearchError(f"{what}: {str(parent)!r} is not a directory")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise SearchError(f"{what}: directory {str(parent)!r} is not writable")
+        if path is not None:
+            check_writable_file(path, f"storage {self.url!r}: file" if self.url else "journal storage")
 
 
 _URL_FORMS = "use a path (journal file), sqlite:///FILE or postgresql://USER@HOST:PORT/DB"
