@@ -106,6 +106,9 @@ class LoRARankSpace(SearchSpace):
         if any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in self.rank):
             raise SearchError(f"lora rank choices must be positive ints, got {list(self.rank)}")
         self.alpha = None if alpha is None else check_choices("lora alpha", alpha)
+        if self.alpha is not None and any(isinstance(a, bool) or not isinstance(a, int | float) or not a > 0
+                                          for a in self.alpha):
+            raise SearchError(f"lora alpha choices must be positive numbers, got {list(self.alpha)}")
         self.targets, self.trainable = targets, trainable
 
     def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:

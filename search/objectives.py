@@ -43,6 +43,7 @@ class Objective:
     name: str
     direction: Direction
     measure: Callable[[ForgeGraph, Task | None], float | Measurement]
+    needs_task: bool = False  # measured on the task's data: a search without a task is refused before any trial
 
 
 def measure_objectives(objectives: Sequence[Objective], graph: ForgeGraph,
@@ -127,7 +128,7 @@ def _accuracy(graph: ForgeGraph, task: Task | None) -> float:
 
 
 OBJECTIVES: dict[str, Objective] = {
-    "accuracy": Objective("accuracy", "maximize", _accuracy),
+    "accuracy": Objective("accuracy", "maximize", _accuracy, needs_task=True),
     "latency_ms": Objective("latency_ms", "minimize", shipped_latency_ms),
     "checkpoint_bytes": Objective("checkpoint_bytes", "minimize", checkpoint_bytes),
     "weight_bits": Objective("weight_bits", "minimize", lambda g, t: weight_bits(g)),
@@ -166,6 +167,20 @@ class Constraint:
     max_drop: float | None = None
     max_value: float | None = None
     min_value: float | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse bounds no trial could be judged by (none at all, a negative drop, an empty interval)."""
+        where = f"constraint on {self.objective!r}"
+        bounds = {k: getattr(self, k) for k in ("max_drop", "max_value", "min_value") if getattr(self, k) is not None}
+        if not bounds:
+            raise SearchError(f"{where} needs max_drop, max_value or min_value")
+        for key, value in bounds.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+                raise SearchError(f"{where}: {key} must be a number, got {value!r}")
+        if self.max_drop is not None and self.max_drop < 0:
+            raise SearchError(f"{where}: max_drop must be a number >= 0, got {self.max_drop}")
+        if self.min_value is not None and self.max_value is not None and self.min_value > self.max_value:
+            raise SearchError(f"{where}: min_value {self.min_value} > max_value {self.max_value}: nothing is feasible")
 
     def violation(self, values: Mapping[str, float], baseline: Mapping[str, float]) -> float:
         v = values[self.objective]

@@ -20,6 +20,7 @@ import optuna
 
 from ..graph.forge_graph import ForgeGraph
 from ..pipelines import Pipeline
+from .checks import check_run_settings
 from .errors import SearchError
 from .objectives import Constraint, Objective, measure_objectives, resolve_objectives
 from .progress import OptunaLogsAboveBar
@@ -174,9 +175,8 @@ class Search:
     enqueue: Sequence[Mapping[str, Any]] = ()
 
     def __post_init__(self) -> None:
-        if self.n_trials < 1:
-            raise SearchError(f"n_trials must be >= 1, got {self.n_trials}")
         self._objectives = resolve_objectives(self.objectives)
+        check_run_settings(self.n_trials, self.seed, self.timeout, self.study_name, self._objectives, self.task)
         names = {o.name for o in self._objectives}
         for c in self.constraints:
             if c.objective not in names:

@@ -115,3 +115,35 @@ def test_an_unwritable_results_path_is_refused_before_the_search_runs(tmp_path: 
         assert proc.returncode != 0 and "Traceback" not in proc.stderr
         assert "--results" in proc.stderr.strip().splitlines()[-1], proc.stderr
         assert not (tmp_path / "run").exists()  # refused before the study (or the model) was made
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"seed": -1}, r"seed must be None or an integer in \[0, 2\*\*32 - 1\], got -1"),
+    ({"seed": 2**32}, r"seed must be None or an integer"),
+    ({"seed": True}, r"seed must be None or an integer"),
+    ({"timeout": -5}, r"timeout must be None or a positive number of seconds, got -5"),
+    ({"study_name": ""}, r"study_name must be a non-empty string"),
+    ({"n_trials": 2.5}, r"n_trials must be an integer >= 1, got 2\.5"),
+    ({"task": None}, r"objective 'accuracy' needs a task"),
+])
+def test_run_settings_are_refused_before_anything_is_created(setup, tmp_path: Path, kw: dict, message: str) -> None:
+    """Each was accepted and failed later (seed: numpy's ValueError inside trial 0, after the journal was made)
+    or ran as given (a negative timeout, an empty study name)."""
+    mg, task = setup
+    args = {"base": mg, "task": task, "n_trials": 1, "run_dir": tmp_path / "run", "progress": False, **kw}
+    with pytest.raises(SearchError, match=message):
+        Search(MixedPrecisionSpace({"integer": {"width": [8], "frac_width": [4]}}), ["accuracy"], **args).run()
+    assert not (tmp_path / "run").exists()
+
+
+def test_constraint_and_lora_values_are_checked() -> None:
+    from fxforge.search import Constraint, LoRARankSpace
+
+    with pytest.raises(SearchError, match=r"lora alpha choices must be positive numbers, got \[-1\]"):
+        LoRARankSpace([4], alpha=[-1])
+    with pytest.raises(SearchError, match=r"constraint on 'accuracy': max_drop must be a number >= 0, got -1"):
+        Constraint("accuracy", max_drop=-1)
+    with pytest.raises(SearchError, match=r"constraint on 'accuracy' needs max_drop, max_value or min_value"):
+        Constraint("accuracy")
+    with pytest.raises(SearchError, match=r"min_value 2 > max_value 1"):
+        Constraint("accuracy", min_value=2, max_value=1)
