@@ -80,3 +80,46 @@ def test_benchmark_commands_exist_with_their_flags(doc: Path) -> None:
     if doc == SHIPPING:
         assert {m for m, _ in found} >= {"bench_decode_lowbit", "bench_woq_int8", "bench_woq_int4",
                                          "bench_minilm_lowered", "bench_pack"}
+
+
+DEPLOY = ROOT / "docs" / "deploy.md"
+
+
+@pytest.fixture(scope="module")
+def deployed_docs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """Run every Python block of docs/deploy.md in one namespace, inside a fresh directory."""
+    cwd = tmp_path_factory.mktemp("deploy-docs")
+    ns: dict[str, Any] = {"__name__": "docs_deploy"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        torch.manual_seed(0)
+        for code in blocks(DEPLOY, "python"):
+            exec(compile(code, str(DEPLOY), "exec"), ns)  # noqa: S102 - the documentation's own examples
+    return ns, cwd
+
+
+def test_deploy_python_blocks_do_what_the_text_says(deployed_docs: tuple[dict[str, Any], Path]) -> None:
+    ns, cwd = deployed_docs
+    mg, ids = ns["mg"], torch.as_tensor(ns["ids"])
+    ids_t = ns["ids_t"]
+    with torch.no_grad():  # the zoo graph takes labels too (for its loss); the deployed signature drops them
+        want = mg.model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(4, dtype=torch.long))
+        want_aoti = mg.model(input_ids=ids_t, attention_mask=torch.ones_like(ids_t),
+                             labels=torch.zeros(2, dtype=torch.long))
+    assert ns["manifest"].passed and ns["aoti"].passed and ns["qdq"].passed
+    assert torch.allclose(torch.as_tensor(ns["logits"]), want["logits"], rtol=1e-4, atol=1e-5)  # ORT, 4 x 20
+    assert torch.allclose(ns["out"][0], want_aoti["logits"], rtol=1e-4, atol=1e-5)  # the AOTI package, 2 x 24
+    assert ns["aoti"].inputs == ("input_ids", "attention_mask")
+    assert ns["qdq"].quantization.startswith("qdq int8 (") and ns["qdq"].check.shapes[0].bound_kind == "quant_steps"
+    assert "mxint(" in ns["refused"] and "bert.encoder.layer." in ns["refused"]
+    assert not (cwd / "deploy" / "bert-mxint4-onnx").exists()  # refused before anything was written
+
+
+def test_deploy_shell_commands_run(deployed_docs: tuple[dict[str, Any], Path]) -> None:
+    _, cwd = deployed_docs
+    commands = [line for body in blocks(DEPLOY, "") for line in body.splitlines() if line.startswith("fxforge ")]
+    assert [c.split()[1] for c in commands] == ["deploy", "inspect"]
+    for line in commands:
+        proc = run_cli(shlex.split(line)[1:], cwd)
+        assert proc.returncode == 0, (line, proc.stderr[-2000:])
+        assert "check:        passed in a fresh subprocess: onnxruntime" in proc.stdout, proc.stdout
