@@ -1,0 +1,69 @@
+"""bench_deploy_minilm end to end on a tiny BERT with MiniLM's vocabulary (the demo's checkpoints are not needed):
+every artifact is built by fxforge.deploy or ORT's quantizers and run, the search point whose MXINT weights QDQ
+refuses is replaced by its shrunk structure in int8, and what is printed and written is what was measured."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fxforge import ForgeGraph
+from fxforge.benchmarks.minilm_ship import prune_ffn
+from fxforge.models.bert import tiny_bert
+from fxforge.passes.quantize import quantize_transform_pass
+
+MXINT3 = {"by": "type", "default": {"config": {"name": None}},
+          "linear": {"config": {"name": "mxint", "weight_width": 3, "weight_block_size": 32}}}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A fine-tuned-like fp32 checkpoint and a search-like point (half the FFN units, MXINT3 linear weights)."""
+    root = tmp_path_factory.mktemp("bench-deploy")
+    base = ForgeGraph(tiny_bert(num_attention_heads=4), hf_input_names=["input_ids", "attention_mask", "labels"])
+    base.eval().export(root / "fp32")
+    point, _ = quantize_transform_pass(prune_ffn(base, 0.5), MXINT3)
+    point.eval().export(root / "best")
+    return root / "fp32", root / "best"
+
+
+def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from fxforge.benchmarks.bench_deploy_minilm import AOTI, EAGER, FXFORGE_INT8, ORT_OWN, SHRUNK, main
+
+    fp32, best = checkpoints
+    keep, out = tmp_path / "artifacts", tmp_path / "r.json"
+    code = main(["--model", str(fp32), "--best", str(best), "--quick", "--eval", "16", "--calib", "16",
+                 "--length", "16", "--rounds", "1", "--keep", str(keep), "--json", str(out)])
+    text, res = capsys.readouterr().out, json.loads(out.read_text())
+    assert code == 0 and text.startswith("CPU: ") and "threads" in text.splitlines()[0]
+    rows = res["artifacts"]
+    assert set(rows) == {EAGER, "ORT fp32", *ORT_OWN, FXFORGE_INT8, SHRUNK, AOTI, "torch.ao dynamic int8"}
+    # bytes are the files' own (here the fp32 word embeddings dominate: only ORT's dynamic int8 quantizes them)
+    fp32_onnx = (keep / "fp32" / "model.onnx").stat().st_size
+    assert res["fp32_onnx_bytes"] == rows["ORT fp32"]["bytes"] == fp32_onnx
+    assert rows[AOTI]["bytes"] == (keep / "aoti" / "model.pt2").stat().st_size
+    assert rows[FXFORGE_INT8]["bytes"] == (keep / "int8" / "model.onnx").stat().st_size
+    for name in (*ORT_OWN, FXFORGE_INT8, SHRUNK):
+        assert rows[name]["x_fp32_bytes"] == rows[name]["bytes"] / fp32_onnx
+    assert rows[ORT_OWN[0]]["x_fp32_bytes"] < 0.5
+    assert rows[EAGER]["bytes"] is None and rows["torch.ao dynamic int8"]["bytes"] is None
+    # the MXINT point is refused as QDQ naming a layer; its structure is what the shrunk row exports
+    assert re.search(r"best point as is, ONNX QDQ: refused: .*encoder\.layer\.\d\..*mxint", text)
+    assert "widths equal to the best's" in text
+    assert rows[FXFORGE_INT8]["reference"] == "fxforge int8 graph" and rows[SHRUNK]["reference"] == "shrunk int8 graph"
+    for name, r in rows.items():  # ratios and differences follow from the measured numbers
+        assert set(r["median_ms"]) == {"8x", "1x"}
+        for shape, ms in r["median_ms"].items():
+            assert r["x_eager"][shape] == pytest.approx(ms / rows[EAGER]["median_ms"][shape])
+        assert r["diff_pt"] == pytest.approx(100 * (r["accuracy"] - res["graph_accuracy"][r["reference"]]))
+        assert re.search(rf"^{re.escape(name)} +{r['median_ms']['8x']:.1f} +{r['x_eager']['8x']:.3f} ", text, re.M)
+    assert res["eval_reviews"] == 16 and all(0 <= r["accuracy"] <= 1 for r in rows.values())
+    targets = res["targets"]
+    assert len(re.findall(r"^(met    |NOT met|missing) ", text, re.M)) == len(targets)
+    assert all(v in (True, False) for v in targets.values())  # every artifact was built: nothing missing
+    i8, own = rows[FXFORGE_INT8]["x_eager"]["8x"], min(rows[n]["x_eager"]["8x"] for n in ORT_OWN)
+    assert targets[f"fxforge ONNX int8 {i8:.3f}x <= best ORT own quantizer {own:.3f}x"] == (i8 <= own)
