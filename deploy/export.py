@@ -8,7 +8,8 @@ still leaves the artifact and its manifest (so ``fxforge inspect`` shows what wa
 
 Quantized graphs: ONNX exports the QDQ rewrite of the graph (deploy/qdq.py) and is checked in quantization steps
 against fxforge's simulated outputs; AOTInductor compiles the simulated graph itself (its fake-quant ops are
-plain torch ops) and is checked in steps too.
+plain torch ops) and is checked in steps too (relative, as float, when only weights are quantized: no activation
+quantizer has a step then).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..graph.forge_graph import ForgeGraph
 from ..passes.quantize.quantizer import iter_quantizers
 from .manifest import ARTIFACT_FILES, DeployCheck, DeployError, DeployManifest, write_manifest
 from .output_dir import StagedDir, check_output_dir
+from .qdq import output_step, to_qdq
 from .signature import DeployProgram, InferenceSignature, export_program, inference_signature
 
 __all__ = ["export_onnx", "export_aoti", "check_ops", "check_cases", "FLOAT_BOUND", "QUANT_STEP_BOUND",
@@ -56,14 +58,18 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
     check_output_dir(out_dir)  # before any work: a bad path fails in milliseconds
     reference = inference_signature(mg)
     quantizers = iter_quantizers(mg.model)
-    quantization, step, exported_graph = "float", 1.0, mg
-    if quantizers:
-        if fmt == "onnx":
-            qdq = _qdq(mg)
-            exported_graph, quantization, step = qdq.graph, qdq.description, float(qdq.output_step)
-        else:
-            step = float(_output_step()(mg))
-            quantization = f"simulated ({len(quantizers)} quantizers, fake-quant as torch ops)"
+    quantization, exported_graph = "float", mg
+    bound_kind, bound, step = "relative", FLOAT_BOUND, 1.0
+    if quantizers and fmt == "onnx":
+        qdq = to_qdq(mg)
+        exported_graph, quantization = qdq.graph, qdq.description
+        bound_kind, bound, step = "quant_steps", QUANT_STEP_BOUND, float(qdq.output_step)
+    elif quantizers:
+        quantization = f"simulated ({len(quantizers)} quantizers, fake-quant as torch ops)"
+        try:
+            bound_kind, bound, step = "quant_steps", QUANT_STEP_BOUND, float(output_step(mg))
+        except DeployError:  # weights only (no static activation quantizer): float math on quantized weights
+            quantization += "; weights only, checked as float"
     signature = reference if exported_graph is mg else inference_signature(exported_graph)
     if (signature.input_names, signature.output_names) != (reference.input_names, reference.output_names):
         raise DeployError(f"the QDQ graph's inputs/outputs {signature.input_names}/{signature.output_names} differ "
@@ -79,7 +85,6 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
         if check:
             from .check import check_artifact
 
-            bound_kind, bound = ("quant_steps", QUANT_STEP_BOUND) if quantizers else ("relative", FLOAT_BOUND)
             result = check_artifact(staged.path, fmt, check_cases(program, reference), bound, bound_kind, step)
         manifest = DeployManifest(
             format=fmt, artifact=ARTIFACT_FILES[fmt],
@@ -107,24 +112,6 @@ def _writer(fmt: str) -> Callable[[DeployProgram, Any], Any]:
     from .aoti import write_aoti
 
     return write_aoti
-
-
-def _qdq(mg: ForgeGraph) -> Any:
-    try:
-        from .qdq import to_qdq
-    except ImportError:
-        raise DeployError("QDQ export is not available in this fxforge (deploy/qdq.py is missing): a quantized "
-                          "graph cannot be exported to ONNX; export the float graph or use --format aoti") from None
-    return to_qdq(mg)
-
-
-def _output_step() -> Callable[[ForgeGraph], float]:
-    try:
-        from .qdq import output_step
-    except ImportError:
-        raise DeployError("the quantization step of a quantized graph's outputs is not available (deploy/qdq.py is "
-                          "missing): its artifact cannot be checked; pass check=False to export unchecked") from None
-    return output_step  # type: ignore[no-any-return]
 
 
 def _namespace(target: Any) -> str | None:

@@ -108,7 +108,7 @@ def _output_leaves(gm: fx.GraphModule) -> tuple[fx.Node, list[tuple[str, Any]]]:
 def _guard_checks(gm: fx.GraphModule) -> tuple[list[fx.Node], list[tuple[str, int, str, Any, str]]]:
     """The guard call nodes and their checks, with input indices turned into input names."""
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is check_input_shapes]
-    checks = []
+    checks: list[tuple[str, int, str, Any, str]] = []
     for node in nodes:
         names = node.kwargs["names"]
         for index, dim, kind, value, why in node.kwargs["checks"]:
@@ -212,13 +212,17 @@ def export_program(sig: InferenceSignature, dynamic_batch: bool, dynamic_seq: bo
                           f"{str(exc)[:800]})") from exc
     dynamic, exported = _dynamic_axes(ep, sig.input_names, asked)
     # torch.export records its tracing range (>= 2 after 0/1 specialisation) but accepts the asked minimum.
-    ranges = {key: (asked_lo[key], hi if asked_hi[key] is None else asked_hi[key] if hi is None else
-                    min(hi, asked_hi[key])) for key, (_, hi) in exported.items() if key in asked}
+    ranges = {key: (asked_lo[key], _upper(hi, asked_hi[key])) for key, (_, hi) in exported.items() if key in asked}
     for key, label in asked.items():
         if key not in ranges:
             static.append(f"{key[0]} axis {key[1]} ({label}) static: torch.export specialised it to the example's "
                           f"{sig.example_inputs[key[0]].shape[key[1]]}")
     return DeployProgram(ep, sig, dynamic, ranges, tuple(static))
+
+
+def _upper(a: int | None, b: int | None) -> int | None:
+    """The tighter of two upper bounds (None: unbounded)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _bounds(vr: Any) -> tuple[int, int | None]:

@@ -180,12 +180,26 @@ def test_failed_check_keeps_the_artifact_and_raises(tmp_path: Path, monkeypatch:
     assert manifest.check is not None and not manifest.check.passed and (tmp_path / "gpt" / "model.onnx").is_file()
 
 
-def test_quantized_graph_exports_as_qdq_checked_in_steps(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def quantized_bert() -> ForgeGraph:
+    """The tiny BERT (with labels) with static int8 linears, calibrated."""
     mg, _ = quantize_transform_pass(_bert_labels(), STATIC_INT8)
     mg, _ = calibrate_transform_pass(mg, {"data": [bert_inputs(batch=4, seq=16), bert_inputs(batch=2, seq=30)]})
-    manifest = export_onnx(mg, tmp_path / "q")
+    return mg
+
+
+def test_quantized_graph_exports_as_qdq_checked_in_steps(quantized_bert: ForgeGraph, tmp_path: Path) -> None:
+    manifest = export_onnx(quantized_bert, tmp_path / "q")
     assert manifest.quantization.startswith("qdq int8 (14 layers") and manifest.outputs == ("logits",)
     check = manifest.check
     assert check is not None and check.passed and {s.bound_kind for s in check.shapes} == {"quant_steps"}
     ops = {n.op_type for n in onnx.load(str(tmp_path / "q" / "model.onnx")).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+
+def test_quantized_graph_compiles_its_simulation_to_aoti(quantized_bert: ForgeGraph, tmp_path: Path) -> None:
+    manifest = export_aoti(quantized_bert, tmp_path / "qa")
+    assert manifest.quantization.startswith("simulated (28 quantizers")  # 14 weight + 14 input quantizers
+    check = manifest.check
+    assert check is not None and check.passed and {s.bound_kind for s in check.shapes} == {"quant_steps"}
+    assert min(s.shapes["input_ids"][0] for s in check.shapes) == 1
