@@ -41,13 +41,13 @@ def deploy(
 ) -> None:
     """Export MODEL to ONNX or an AOTInductor package, check it in a subprocess that cannot import fxforge,
     and print the artifact's size and the check (exit 1 when the export or the check fails)."""
-    from ..deploy import FORMATS
+    from ..deploy import export_aoti, export_onnx
     from ..passes.analysis.table import terminal_width
 
-    if fmt not in FORMATS:
-        raise typer.BadParameter(f"{fmt!r} is not a deploy format; choose one of {', '.join(FORMATS)}",
+    exporters = {"onnx": export_onnx, "aoti": export_aoti}
+    if fmt not in exporters:
+        raise typer.BadParameter(f"{fmt!r} is not a deploy format; choose one of {', '.join(exporters)}",
                                  param_hint="'--format'")
-    from ..deploy import export_aoti, export_onnx
     from ..deploy.output_dir import check_output_dir
     from .deploy_view import manifest_lines
     from .resolve import load_graph
@@ -55,8 +55,7 @@ def deploy(
     target = out if out is not None else default_out(model, fmt)
     check_output_dir(target)  # a path that cannot be written fails before the model is loaded
     mg, source = load_graph(model)
-    export = export_onnx if fmt == "onnx" else export_aoti
-    manifest = export(mg, target, dynamic_batch=dynamic_batch, dynamic_seq=dynamic_seq, check=True,
+    manifest = exporters[fmt](mg, target, dynamic_batch=dynamic_batch, dynamic_seq=dynamic_seq, check=True,
                       source=model)
     typer.echo(f"deployed {source} as {fmt} to {target}")
     typer.echo("\n".join(manifest_lines(manifest, target, terminal_width())))
