@@ -23,6 +23,8 @@ from .space import SPACES, SearchSpace, TrialPlan, check_choices, unknown_keys
 if TYPE_CHECKING:
     import optuna
 
+    from ..graph.forge_graph import ForgeGraph
+
 __all__ = ["NASSpace", "build_config", "config_fields", "resolve_hf_class"]
 
 MAX_CHECK_BUILDS = 16  # combinations tried per choice when checking that it can build (before any trial)
@@ -93,7 +95,7 @@ class NASSpace(SearchSpace):
                               f"similar fields: {close}")
         self.identity = tuple(re.compile(p) for p in identity)
 
-    def bind(self, graph: Any) -> NASSpace:
+    def bind(self, graph: ForgeGraph | None) -> NASSpace:
         """Refuse, before any trial, a choice with which the model cannot be built (a negative or zero size,
         a float where the config wants an int ...): each choice must build, on the meta device (no memory),
         with some choice of the other fields that the sampler would not prune."""
