@@ -1,8 +1,8 @@
 """What a deploy artifact directory holds and what its check found: ``deploy.json`` beside the artifact.
 
-A deploy directory (``fxforge deploy ... -o OUT``) holds exactly one artifact (``model.onnx`` or ``model.pt2``)
-and ``deploy.json``, this manifest: the format, the flat input and output names, the dynamic axes, how the
-graph was quantized, the artifact's size and the result of the subprocess check (graph outputs against the
+A deploy directory (``fxforge deploy ... -o OUT``) holds exactly one artifact (``model.onnx``, ``model.pt2`` or
+``model.pte``) and ``deploy.json``, this manifest: the format, the flat input and output names, the dynamic axes,
+how the graph was quantized, the artifact's size and the result of the subprocess check (graph outputs against the
 runtime's, at two input shapes). The CLI, ``fxforge inspect`` and the HTML report read it back; a manifest is
 a file, so reading it treats every value as hostile (types, sizes and names are checked, unknown keys refused).
 """
@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from ..graph.atomic import dumps_json, loads_json
+from ..graph.targets import CheckpointError
 
 __all__ = ["FORMATS", "ARTIFACT_FILES", "MANIFEST_NAME", "MANIFEST_VERSION", "DeployError", "ShapeCheck",
            "DeployCheck", "DeployManifest", "read_manifest", "write_manifest", "is_deploy_dir"]
 
-FORMATS: tuple[str, ...] = ("onnx", "aoti")
-ARTIFACT_FILES: dict[str, str] = {"onnx": "model.onnx", "aoti": "model.pt2"}
+FORMATS: tuple[str, ...] = ("onnx", "aoti", "pte")
+ARTIFACT_FILES: dict[str, str] = {"onnx": "model.onnx", "aoti": "model.pt2", "pte": "model.pte"}
 MANIFEST_NAME = "deploy.json"
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 1 << 20
@@ -206,13 +207,15 @@ def is_deploy_dir(path: str | Path) -> bool:
 def read_manifest(path: str | Path) -> DeployManifest:
     """The manifest of the deploy directory ``path`` (checked as hostile input)."""
     file = Path(path) / MANIFEST_NAME
+    if file.is_symlink():
+        raise DeployError(f"{file} is a symbolic link: a deploy manifest must be a regular file in its directory")
     if not file.is_file():
         raise DeployError(f"{path} is not a deploy directory: it has no {MANIFEST_NAME}")
     if file.stat().st_size > MAX_MANIFEST_BYTES:
         raise DeployError(f"{file}: larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         doc = loads_json(file.read_bytes(), str(file), MAX_MANIFEST_BYTES)
-    except ValueError as exc:
+    except (ValueError, CheckpointError) as exc:
         raise DeployError(str(exc)) from None
     return DeployManifest.from_json(doc, str(file))
 
