@@ -1,9 +1,10 @@
 """Run a deploy artifact outside fxforge and print how far its outputs are from the expected ones (one JSON).
 
-Started by deploy/check.py as ``python -I check_runner.py --format onnx|aoti --artifact FILE --cases DIR`` in a
+Started by deploy/check.py as ``python -I check_runner.py --format onnx|aoti|pte --artifact FILE --cases DIR`` in a
 fresh process. It first makes ``fxforge`` unimportable (the checkout is installed in editable mode, so a plain
 interpreter would import it), so the artifact is proven to run without fxforge's code. This file is a
-standalone script: stdlib, numpy, torch, onnxruntime and safetensors only; never fxforge, no relative imports.
+standalone script: stdlib, numpy, torch, onnxruntime, executorch and safetensors only; never fxforge, no relative
+imports.
 """
 
 from __future__ import annotations
@@ -83,25 +84,36 @@ def _onnx_runner(artifact: Path, input_names: list[str], output_names: list[str]
 
 
 def _aoti_runner(artifact: Path, input_names: list[str], output_names: list[str]) -> tuple[str, Any]:
-    """A loaded AOTInductor package; inputs passed as the package's call spec wants them (keywords when it
-    was exported with keywords), its flat outputs matched to the expected ones by position."""
+    """A loaded AOTInductor package, called with the inputs positionally in the manifest's order (as
+    deploy/signature.py exports it); its flat outputs matched to the expected ones by position."""
     import torch
     import torch.utils._pytree as pytree
 
     model = torch._inductor.aoti_load_package(str(artifact))
-    in_spec = pytree.treespec_loads(model.loader.get_call_spec()[0])
-    positional = in_spec.children_specs[0].num_leaves > 0
 
     def run(feeds: dict) -> dict:
         with torch.no_grad():
-            if positional:
-                result = model(*[feeds[name] for name in input_names])
-            else:
-                result = model(**{name: feeds[name] for name in input_names})
+            result = model(*[feeds[name] for name in input_names])
         flat = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
         return dict(zip(output_names, flat, strict=False))
 
     return f"torch.aoti {torch.__version__}", run
+
+
+def _pte_runner(artifact: Path, input_names: list[str], output_names: list[str]) -> tuple[str, Any]:
+    """An ExecuTorch program's ``forward`` loaded with ``executorch.runtime`` (the wheel's XNNPACK delegate),
+    called with the inputs positionally in the manifest's order; its outputs matched by position."""
+    from importlib.metadata import version
+
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(artifact).load_method("forward")
+
+    def run(feeds: dict) -> dict:
+        result = method.execute([feeds[name] for name in input_names])
+        return dict(zip(output_names, [t.clone() for t in result], strict=False))
+
+    return f"executorch {version('executorch')} (XNNPACK)", run
 
 
 def _compare(name: str, got: Any, expected: Any) -> dict[str, Any]:
@@ -133,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     out = os.fdopen(os.dup(1), "w")  # the JSON goes to the real stdout; anything libraries print goes to stderr
     os.dup2(2, 1)
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--format", choices=("onnx", "aoti"), required=True)
+    parser.add_argument("--format", choices=("onnx", "aoti", "pte"), required=True)
     parser.add_argument("--artifact", type=Path, required=True)
     parser.add_argument("--cases", type=Path, required=True)
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {"fxforge_importable": fxforge_importable()}
     try:
         input_names, output_names, cases = _load_cases(args.cases)
-        make = _onnx_runner if args.format == "onnx" else _aoti_runner
+        make = {"onnx": _onnx_runner, "aoti": _aoti_runner, "pte": _pte_runner}[args.format]
         doc["runtime"], run = make(args.artifact, input_names, output_names)
         doc["cases"] = []
         for feeds, expected in cases:
