@@ -15,6 +15,7 @@ quantizer has a step then).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,8 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
                           f"from the graph's {reference.input_names}/{reference.output_names}")
     check_ops(signature.module)
     program = export_program(signature, dynamic_batch, dynamic_seq)
+    if program.static:  # asked for but not dynamic: said once here, and absent from the manifest's dynamic_axes
+        warnings.warn("deploy: " + "; ".join(program.static), stacklevel=3)
     check_ops(program.program.graph_module, signature.module)
     staged = StagedDir(out_dir)
     try:

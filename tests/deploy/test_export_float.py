@@ -203,3 +203,13 @@ def test_quantized_graph_compiles_its_simulation_to_aoti(quantized_bert: ForgeGr
     check = manifest.check
     assert check is not None and check.passed and {s.bound_kind for s in check.shapes} == {"quant_steps"}
     assert min(s.shapes["input_ids"][0] for s in check.shapes) == 1
+
+
+def test_axes_the_guard_fixes_stay_static_with_a_warning(tmp_path: Path) -> None:
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"], dynamic=False).eval()
+    with pytest.warns(UserWarning, match=r"input_ids axis 0 \(batch\) static: .*dynamic=False"):
+        manifest = export_onnx(mg, tmp_path / "static", check=False)
+    assert manifest.dynamic_axes == {}
+    model = onnx.load(str(tmp_path / "static" / "model.onnx"))
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert shape == list(mg.example_inputs.kwargs["input_ids"].shape)  # type: ignore[union-attr]
