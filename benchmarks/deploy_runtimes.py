@@ -113,7 +113,7 @@ def ort_quantize(fp32: Path, out: Path, how: str, calib: Iterable[Mapping[str, t
     elif how == "static":
         feeds = [{k: v.numpy() for k, v in batch.items() if k != "labels"} for batch in calib]
 
-        class Reader(q.CalibrationDataReader):  # type: ignore[misc,name-defined]
+        class Reader(q.CalibrationDataReader):  # type: ignore[name-defined]
             def __init__(self) -> None:
                 self.it = iter(feeds)
 
