@@ -130,6 +130,20 @@ def test_int8_bert_runs_integer_matmuls_and_matches_simulated(bert: ForgeGraph, 
     assert max(errors) <= 1.0
 
 
+def test_every_op_quantized_exports_exactly(bert: ForgeGraph, tmp_path: Path) -> None:
+    # the default rule quantizes every op: inputs and outputs of linears, adds, GELUs, LayerNorms (parameters folded
+    # to their simulated values) and the matmuls and softmax inside attention (QuantizedSDPA's slots become QDQ)
+    every = {**_fixed(), "data_out_width": 8, "data_out_frac_width": "auto", "bias_width": 16, "bias_frac_width": 10}
+    mg = _quantized(bert, {"by": "type", "default": {"config": every}})
+    qg = to_qdq(mg)
+    assert qg.description.startswith(f"qdq int8 ({LINEARS} layers, ") and "10 folded float params" in qg.description
+    assert type(qg.graph.model.get_submodule("bert.encoder.layer.0.attention.self.sdpa")).__name__ == "QdqSDPA"
+    session = _export(qg, tmp_path / "model.onnx")
+    optimized = _ops(tmp_path / "model.opt.onnx")
+    assert optimized["MatMulIntegerToFloat"] == LINEARS and optimized["QLinearMatMul"] == 4, optimized  # attention
+    assert max(_errors_in_steps(mg, session, qg.output_step)) <= 1e-3
+
+
 def test_dedicate_dq_is_what_lets_ort_fuse_shared_pairs(bert: ForgeGraph, tmp_path: Path) -> None:
     # the exporter merges the query/key/value input pairs; without dedicated pairs ORT leaves those MatMuls float
     qg = to_qdq(_quantized(bert, _linears(_fixed())))
