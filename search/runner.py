@@ -239,7 +239,7 @@ class Search:
             if not self.resume:
                 raise SearchError(f"study {self.study_name!r} already exists ({len(study.trials)} trials); "
                                   "pass resume=True to continue it, or choose another study_name")
-            fail_stale_trials(study, storage, where.kind)  # what a killed process left RUNNING
+            fail_stale_trials(study, storage, where)  # what a killed process left RUNNING: failed, re-queued
             return study
         study = optuna.create_study(storage=storage, study_name=self.study_name, directions=directions,
                                     sampler=self._make_sampler(0), pruner=make_pruner(self.pruner))

@@ -132,19 +132,22 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
         raise SearchError(f"cannot open study storage {safe}: {reason}") from None
 
 
-def fail_stale_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, kind: str) -> None:
-    """Fail the trials a dead process left RUNNING, when a study is resumed. Journal: every RUNNING trial (the
-    embedded store has one writer at a time). Databases: those whose heartbeat is older than the grace period,
-    re-queued with their parameters by the storage's retry callback (live workers' trials keep running)."""
-    if kind != "journal":
+def fail_stale_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, spec: StorageSpec) -> None:
+    """Fail the trials a dead process left RUNNING, when a study is resumed, and re-queue each with its
+    parameters (at most ``spec.max_retry`` times), the same on every storage. Journal: every RUNNING trial
+    (the embedded store has one writer at a time). Databases: those whose heartbeat is older than the grace
+    period, re-queued by the storage's retry callback (live workers' trials keep running)."""
+    if spec.kind != "journal":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # Optuna calls it per trial too
             optuna.storages.fail_stale_trials(study)
         return
+    retry = RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)
     study_id = storage.get_study_id_from_name(study.study_name)  # public BaseStorage methods only
     for t in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
         storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+        retry(study, storage.get_trial(trial_id))
 
 
 def _ping_after_idle(engine: Any, idle_s: float) -> None:

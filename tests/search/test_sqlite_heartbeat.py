@@ -1,5 +1,6 @@
 """SQLite studies heartbeat too: a worker SIGKILLed mid-trial leaves a RUNNING trial that a resume marks
-failed once its heartbeat is stale, and re-runs with the same parameters (as on PostgreSQL)."""
+failed once its heartbeat is stale, and re-runs with the same parameters (as on PostgreSQL); a resumed
+journal study does the same with what its killed run left RUNNING."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 
 from fxforge.search.runner import PLAN_ATTR
 from fxforge.search.storage import StorageSpec, open_storage
@@ -44,10 +46,11 @@ def _spawn(script: Path, *args: object) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def test_killed_sqlite_worker_trial_is_failed_on_resume_and_retried(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_killed_worker_trial_is_failed_on_resume_and_retried(tmp_path: Path, kind: str) -> None:
     script = tmp_path / "worker.py"
     script.write_text(SCRIPT)
-    url = f"sqlite:///{tmp_path / 'study.db'}"
+    url = f"sqlite:///{tmp_path / 'study.db'}" if kind == "sqlite" else str(tmp_path / "study.journal")
     storage = open_storage(StorageSpec(url), tmp_path)
     victim = _spawn(script, url, 3, 6.0, tmp_path)  # the baseline, then each trial, sleep 6 s: killed in trial 0
     deadline = time.time() + 120
