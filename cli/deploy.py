@@ -1,8 +1,9 @@
-"""CLI command ``deploy``: export MODEL to an ONNX file or an AOTInductor package, checked outside fxforge.
+"""CLI command ``deploy``: export MODEL to ONNX, an AOTInductor package or ExecuTorch, checked outside fxforge.
 
 MODEL is resolved as for ``inspect`` (checkpoint, HF directory, zoo name, hub name); the export and the
-subprocess check are ``fxforge.deploy.export_onnx`` / ``export_aoti``. The command prints the artifact's path and
-size, its inputs and outputs with their dynamic axes, its quantization and the check, one row per input shape.
+subprocess check are ``fxforge.deploy.export_onnx`` / ``export_aoti`` / ``export_executorch``. The command prints
+the artifact's path and size, its inputs and outputs with their dynamic axes, its quantization and the check, one
+row per input shape.
 """
 
 from pathlib import Path
@@ -27,8 +28,9 @@ def default_out(model: str, fmt: str) -> Path:
 def deploy(
     model: Annotated[str, typer.Argument(help="Model to export (as for inspect): a zoo name, a HuggingFace model "
                                               "directory, a hub name or an fxforge checkpoint directory.")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="onnx (ONNX Runtime; QDQ when quantized) or aoti "
-                                                            "(AOTInductor .pt2 package).")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="onnx (ONNX Runtime; QDQ when quantized), aoti "
+                                                            "(AOTInductor .pt2 package) or pte (ExecuTorch with "
+                                                            "XNNPACK; float graphs, batch 1 to 8).")],
     out: Annotated[Path | None, typer.Option(
         "-o", "--out", help="Directory to write (default: <model name>-<format> here). An existing directory is "
                             "replaced only when it holds an earlier deploy.")] = None,
@@ -39,12 +41,12 @@ def deploy(
         "--dynamic-seq/--no-dynamic-seq", help="Any sequence length within the range the graph's shape guard "
                                                "proves.")] = True,
 ) -> None:
-    """Export MODEL to ONNX or an AOTInductor package, check it in a subprocess that cannot import fxforge,
-    and print the artifact's size and the check (exit 1 when the export or the check fails)."""
-    from ..deploy import export_aoti, export_onnx
+    """Export MODEL to ONNX, an AOTInductor package or an ExecuTorch program, check it in a subprocess that cannot
+    import fxforge, and print the artifact's size and the check (exit 1 when the export or the check fails)."""
+    from ..deploy import export_aoti, export_executorch, export_onnx
     from ..passes.analysis.table import terminal_width
 
-    exporters = {"onnx": export_onnx, "aoti": export_aoti}
+    exporters = {"onnx": export_onnx, "aoti": export_aoti, "pte": export_executorch}
     if fmt not in exporters:
         raise typer.BadParameter(f"{fmt!r} is not a deploy format; choose one of {', '.join(exporters)}",
                                  param_hint="'--format'")
