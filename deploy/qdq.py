@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -57,7 +58,7 @@ from .qdq_formats import (
     weight_codes,
 )
 
-__all__ = ["QdqGraph", "to_qdq", "output_step", "dedicate_dq"]
+__all__ = ["QdqGraph", "to_qdq", "output_step", "dedicate_dq", "dedicate_dq_file"]
 
 _FOLDED = (QuantizedLayerNorm, QuantizedEmbedding, QuantizedConv1d, QuantizedConv2d)
 
@@ -76,7 +77,9 @@ class QdqSDPA(QuantizedSDPA):
     """QuantizedSDPA whose slots hold QDQ modules (its forward only runs the slots ``quantizers()`` lists)."""
 
     def quantizers(self) -> dict[str, Quantize]:
-        return {s: q for s in self._slots() if isinstance(q := getattr(self, f"{s}_quantizer"), QdqActivation)}
+        # QdqActivation stands in for Quantize here: the forward only reads .enabled / .observer and calls it
+        return cast(dict[str, Quantize], {s: q for s in self._slots()
+                                          if isinstance(q := getattr(self, f"{s}_quantizer"), QdqActivation)})
 
     def _slots(self) -> tuple[str, ...]:
         from ..passes.quantize.attention import SDPA_SLOTS
@@ -279,6 +282,17 @@ def dedicate_dq(model: Any) -> int:
                 new = copy_of(node, f"dedicated_{i}")
                 graph.node.append(new)
                 repoint(user, node.output[0], new.output[0])
+    return added
+
+
+def dedicate_dq_file(path: str | Path) -> int:
+    """:func:`dedicate_dq` on the ONNX file ``path`` (weights inline), rewritten in place; returns the nodes added.
+    (``ONNXProgram.model_proto`` is a fresh copy on each access: edit the file the exporter saved.)"""
+    import onnx
+
+    model = onnx.load(str(path))
+    added = dedicate_dq(model)
+    onnx.save(model, str(path))
     return added
 
 

@@ -18,7 +18,7 @@ from conftest import bert_inputs, make_tiny_bert
 
 from fxforge import ForgeGraph
 from fxforge.deploy import DeployError
-from fxforge.deploy.qdq import QdqGraph, dedicate_dq, output_step, to_qdq
+from fxforge.deploy.qdq import QdqGraph, dedicate_dq, dedicate_dq_file, output_step, to_qdq
 from fxforge.deploy.qdq_formats import QdqLinear
 from fxforge.deploy.signature import torch_noise_ignored
 from fxforge.passes.quantize import QuantizedLinear, calibrate_transform_pass, quantize_transform_pass
@@ -82,17 +82,16 @@ class _Logits(nn.Module):
 
 
 def _export(qg: QdqGraph, path: Path) -> ort.InferenceSession:
-    """What deploy/export.py does for QDQ: torch.export with dynamic batch and sequence, dynamo ONNX export,
-    dedicate_dq; the session writes ORT's optimized graph next to the model."""
+    """What deploy/export.py does for QDQ: torch.export with dynamic batch and sequence, dynamo ONNX export saved,
+    then dedicate_dq_file; the session writes ORT's optimized graph next to the model."""
     x = bert_inputs(batch=2, seq=9, labels=False)
     batch, seq = torch.export.Dim("batch", min=1, max=32), torch.export.Dim("seq", min=2, max=64)
     with torch.no_grad(), torch_noise_ignored():
         ep = torch.export.export(_Logits(qg.graph.model), (), dict(x),
                                  dynamic_shapes={n: {0: batch, 1: seq} for n in NAMES})
-        model = torch.onnx.export(ep, (), dynamo=True).model_proto
-    dedicate_dq(model)
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
+        torch.onnx.export(ep, (), dynamo=True).save(path)
+    assert dedicate_dq_file(path) > 0
+    onnx.checker.check_model(onnx.load(path))
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(path.with_suffix(".opt.onnx"))
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
