@@ -69,7 +69,7 @@ def _load_cases(cases_dir: Path) -> tuple[list[str], list[str], list[tuple[dict,
 
 def _onnx_runner(artifact: Path, input_names: list[str], output_names: list[str]) -> tuple[str, Any]:
     """An ONNX Runtime session on the CPU; outputs matched to the expected ones by name."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # type: ignore[import-untyped]
     import torch
 
     session = ort.InferenceSession(str(artifact), providers=["CPUExecutionProvider"])
@@ -105,7 +105,7 @@ def _pte_runner(artifact: Path, input_names: list[str], output_names: list[str])
     called with the inputs positionally in the manifest's order; its outputs matched by position."""
     from importlib.metadata import version
 
-    from executorch.runtime import Runtime
+    from executorch.runtime import Runtime  # type: ignore[import-untyped]
 
     method = Runtime.get().load_program(artifact).load_method("forward")
 
