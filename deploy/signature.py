@@ -5,7 +5,10 @@ The caller's graph is never changed: a copy is rewritten into a plain GraphModul
 returning a tuple of tensors. Its shape-guard call is removed (a Python call no runtime could run) and the guard's
 checks become torch.export dims instead:
 
-* an ``eq`` check (or an ``expr`` check reading the dimension) keeps the dimension static;
+* an ``eq`` check keeps the dimension static;
+* an ``expr`` check (arithmetic over sizes) is not carried over: torch.export re-traces the inference program and
+  derives (and records) the guards it needs; those reading ``labels`` guarded only the loss. A ``labels`` size
+  the program reads (ViT's batch) is read from the input the guard proved the same size;
 * a ``range`` check ``(lo, hi)`` becomes ``Dim.AUTO(min=lo, max=hi)``: the artifact accepts exactly what the
   fxforge graph accepts (a sequence proven for ``[2, 64]`` stays ``[2, 64]``; 1 is not added);
 * no check on a dimension means the fxforge graph accepts any size there, so the artifact asks for
@@ -32,7 +35,6 @@ import torch.utils._pytree as pytree
 from torch.export import Dim
 
 from ..graph.forge_graph import ForgeGraph
-from ..graph.guard_expr import dims_in
 from ..graph.guards import check_input_shapes
 from .manifest import DeployError
 
@@ -112,11 +114,39 @@ def _guard_checks(gm: fx.GraphModule) -> tuple[list[fx.Node], list[tuple[str, in
     for node in nodes:
         names = node.kwargs["names"]
         for index, dim, kind, value, why in node.kwargs["checks"]:
-            if kind == "expr":  # an arithmetic guard over sizes: every size it reads stays static
-                checks.extend((names[i], d, "expr", None, why) for i, d in dims_in(value))
-            else:
+            if kind == "same":
+                checks.append((names[index], dim, kind, (names[value[0]], value[1]), why))
+            elif kind != "expr":  # arithmetic over sizes: torch.export re-derives what the inference program needs
                 checks.append((names[index], dim, kind, value, why))
     return nodes, checks
+
+
+def _reroute_sizes(gm: fx.GraphModule, node: fx.Node, checks: list[tuple[str, int, str, Any, str]]) -> None:
+    """Read the sizes a dropped input provides (``sym_size(labels, 0)``, the batch size capture proved equal to
+    ``input_ids``' batch) from an input the guard proved the same size instead."""
+    inputs = {str(n.target): n for n in gm.graph.nodes if n.op == "placeholder" and n is not node}
+    same: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for name, dim, kind, value, _ in checks:
+        if kind == "same":
+            same.setdefault((name, dim), []).append(tuple(value))
+            same.setdefault(tuple(value), []).append((name, dim))  # type: ignore[arg-type]
+    for user in list(node.users):
+        if not (user.op == "call_function" and user.target is torch.ops.aten.sym_size.int and user.args[0] is node):
+            continue
+        seen, stack = set(), [(str(node.target), int(user.args[1]))]  # type: ignore[call-overload]
+        while stack:
+            key = stack.pop()
+            if key not in seen:
+                seen.add(key)
+                stack.extend(same.get(key, []))
+        other = next(((n, d) for n, d in sorted(seen) if n in inputs), None)
+        if other is None:
+            continue
+        with gm.graph.inserting_before(user):
+            size = gm.graph.call_function(torch.ops.aten.sym_size.int, (inputs[other[0]], other[1]))
+        size.meta = dict(user.meta)
+        user.replace_all_uses_with(size)
+        gm.graph.erase_node(user)
 
 
 def inference_signature(mg: ForgeGraph) -> InferenceSignature:
@@ -139,6 +169,7 @@ def inference_signature(mg: ForgeGraph) -> InferenceSignature:
     gm.graph._codegen = fx.graph.CodeGen()
     gm.graph.eliminate_dead_code()
     for node in [n for n in gm.graph.nodes if n.op == "placeholder" and n.name in TRAINING_INPUTS]:
+        _reroute_sizes(gm, node, checks)
         if node.users:
             users = ", ".join(u.name for u in node.users)
             raise DeployError(f"input {node.name!r} feeds {users}, not only the loss: an inference artifact takes no "
@@ -154,7 +185,7 @@ def inference_signature(mg: ForgeGraph) -> InferenceSignature:
         if kind == "range" and n in names:
             lo, hi = ranges.get((n, d), (0, None))
             ranges[(n, d)] = (max(lo, int(v[0])), v[1] if hi is None else hi if v[1] is None else min(hi, v[1]))
-    fixed = {(n, d): why for n, d, kind, _, why in checks if kind in ("eq", "expr") and n in names}
+    fixed = {(n, d): why for n, d, kind, _, why in checks if kind == "eq" and n in names}
     return InferenceSignature(gm, names, tuple(name for name, _ in kept), examples, ranges, fixed)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import bert_inputs, make_gpt, make_tiny_bert
+from hf_tiny import INPUT_NAMES, hf_inputs, tiny_hf
 
 from fxforge import ForgeGraph
 from fxforge.deploy.signature import export_program, inference_signature
@@ -78,3 +79,19 @@ def test_fx_gpt_sequence_bound_proven_by_torch_export() -> None:
     with torch.no_grad():
         (got,) = program.program.module()(idx)
         assert torch.allclose(got, mg(idx), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "vit"])
+def test_guards_on_labels_do_not_fix_inference_axes(family: str) -> None:
+    """GPT-2's capture guards ``mask batch * mask len == labels len * labels batch`` (the loss's reshape); ViT's
+    program reads its batch size from ``labels``. Neither keeps an inference axis static or needs labels."""
+    mg = ForgeGraph(tiny_hf(family), hf_input_names=INPUT_NAMES[family]).eval()
+    program = export_program(inference_signature(mg), dynamic_batch=True, dynamic_seq=True)
+    names = program.signature.input_names
+    assert "labels" not in names and program.static == ()
+    assert all(program.dynamic_axes[n].get(0) == "batch" for n in names), program.dynamic_axes
+    for batch, seq in ((1, 7), (3, 11)):
+        x = hf_inputs(family, batch, 32 if family == "vit" else seq)
+        with torch.no_grad():
+            (got,) = program.program.module()(*(x[n] for n in names))
+            assert torch.allclose(got, mg(**x).logits, rtol=0, atol=1e-5), (family, batch, seq)
