@@ -252,3 +252,34 @@ def test_uncalibrated_auto_activation_is_refused(bert: ForgeGraph) -> None:
     mg = _quantized(bert, {"by": "name", "classifier": {"config": _fixed()}}, calibrate=False)
     with pytest.raises(DeployError, match=r"classifier\.data_in_quantizer .*not calibrated: run calibrate"):
         to_qdq(mg)
+
+
+def test_layer_norm_embedding_and_conv_parameters_fold_exactly(bert: ForgeGraph) -> None:
+    # parameters of layers without an integer kernel in ORT become their simulated values; inputs stay QDQ
+    layer_norm = {"name": "integer", "data_in_width": 8, "data_in_frac_width": "auto", "weight_width": 8,
+                  "weight_frac_width": "auto", "bias_width": 8, "bias_frac_width": "auto"}
+    cfg = {"by": "type", "default": {"config": {"name": None}}, "linear": {"config": _fixed()},
+           "layer_norm": {"config": layer_norm},
+           "embedding": {"config": {"name": "integer", "weight_width": 8, "weight_frac_width": "auto"}}}
+    mg = _quantized(bert, cfg)
+    qg = to_qdq(mg)
+    assert "13 folded float params" in qg.description  # 3 embedding tables + 5 LayerNorms x (weight, bias)
+    table = qg.graph.model.get_submodule("bert.embeddings.word_embeddings")
+    assert table.weight_quantizer is None and not torch.equal(table.weight, bert.model.get_submodule(
+        "bert.embeddings.word_embeddings").weight)  # the table holds the quantized values now
+    for shape in SHAPES:
+        x = bert_inputs(batch=shape[0], seq=shape[1], labels=False)
+        with torch.no_grad():
+            assert torch.equal(qg.graph(**x).logits, mg(**x).logits)
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    cg = ForgeGraph(conv, example_inputs=(torch.randn(2, 3, 8, 8),))
+    cg, _ = quantize_transform_pass(cg, {"by": "type", "default": {"config": {"name": None}},
+                                         "conv2d": {"config": _fixed()}, "linear": {"config": _fixed()}})
+    cg, _ = calibrate_transform_pass(cg, {"data": [torch.randn(4, 3, 8, 8)]})
+    qc = to_qdq(cg)
+    assert qc.description.startswith("qdq int8 (1 layers, 2 activation QDQ") and "1 folded" in qc.description
+    assert qc.graph.model.get_submodule("0").weight_quantizer is None  # conv weight folded, its input still QDQ
+    x = torch.randn(5, 3, 8, 8) * 2
+    with torch.no_grad():
+        assert torch.equal(qc.graph(x), cg(x))
