@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from ..graph.forge_graph import ForgeGraph
 from ..passes.quantize.quantizer import iter_quantizers
 from .export import FLOAT_BOUND, check_cases, check_ops
@@ -133,12 +135,12 @@ def _executorch_noise_ignored() -> Iterator[None]:
 def write_pte(program: DeployProgram, path: Path) -> Path:
     """Lower ``program`` to XNNPACK and write the ExecuTorch program to ``path`` (about a minute for a small
     GPT: most of it in the edge passes); DeployError naming the failure."""
-    import torch
-
     try:
         with torch.no_grad(), _executorch_noise_ignored():
-            from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-            from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+            from executorch.backends.xnnpack.partition.xnnpack_partitioner import (  # type: ignore[import-untyped]
+                XnnpackPartitioner,
+            )
+            from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower  # type: ignore[import-untyped]
 
             edge = to_edge_transform_and_lower(program.program, partitioner=[XnnpackPartitioner()],
                                                compile_config=EdgeCompileConfig(_check_ir_validity=False))
