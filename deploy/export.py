@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +24,9 @@ import torch.fx as fx
 
 from ..graph.forge_graph import ForgeGraph
 from ..passes.quantize.quantizer import iter_quantizers
+from .aoti import write_aoti
 from .manifest import ARTIFACT_FILES, DeployCheck, DeployError, DeployManifest, write_manifest
+from .onnx_float import ort_failure, write_onnx
 from .output_dir import StagedDir, check_output_dir
 from .qdq import output_step, to_qdq
 from .signature import DeployProgram, InferenceSignature, export_program, inference_signature
@@ -76,14 +78,10 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
         raise DeployError(f"the QDQ graph's inputs/outputs {signature.input_names}/{signature.output_names} differ "
                           f"from the graph's {reference.input_names}/{reference.output_names}")
     check_ops(signature.module)
-    program = export_program(signature, dynamic_batch, dynamic_seq)
-    if program.static:  # asked for but not dynamic: said once here, and absent from the manifest's dynamic_axes
-        warnings.warn("deploy: " + "; ".join(program.static), stacklevel=3)
-    check_ops(program.program.graph_module, signature.module)
     staged = StagedDir(out_dir)
     try:
         artifact = staged.path / ARTIFACT_FILES[fmt]
-        _writer(fmt)(program, artifact)
+        program = _write(fmt, signature, artifact, dynamic_batch, dynamic_seq)
         result: DeployCheck | None = None
         if check:
             from .check import check_artifact
@@ -107,14 +105,33 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
     return manifest
 
 
-def _writer(fmt: str) -> Callable[[DeployProgram, Any], Any]:
+def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batch: bool,
+           dynamic_seq: bool) -> DeployProgram:
+    """Export and write the artifact. ONNX: the file is run once in ONNX Runtime on the example inputs; when
+    ORT cannot run it with the asked dynamic axes (its DFT kernel and an rfft over a symbolic length, measured
+    on the zoo's gpt-afno), the sequence axis, then the batch axis, is made static and the reason warned."""
+    attempts = [(dynamic_batch, dynamic_seq)]
     if fmt == "onnx":
-        from .onnx_float import write_onnx
-
-        return write_onnx
-    from .aoti import write_aoti
-
-    return write_aoti
+        attempts += [a for a in ((dynamic_batch, False), (False, False)) if a not in attempts]
+    notes: list[str] = []
+    for i, (batch, seq) in enumerate(attempts):
+        program = export_program(signature, batch, seq)
+        check_ops(program.program.graph_module, signature.module)
+        if fmt == "aoti":
+            write_aoti(program, artifact)
+            break
+        write_onnx(program, artifact)
+        failure = ort_failure(artifact, signature.example_inputs) if program.dynamic_axes else None
+        if failure is None:
+            break
+        if i + 1 == len(attempts):
+            raise DeployError(f"ONNX Runtime cannot run the exported model on its example inputs: {failure}")
+        notes.append(f"ONNX Runtime could not run the model with dynamic axes {program.dynamic_axes} ({failure}); "
+                     f"retried with {'batch only dynamic' if attempts[i + 1][0] else 'static shapes'}")
+    static = [*notes, *program.static]
+    if static:  # asked for but not dynamic: said once here, and absent from the manifest's dynamic_axes
+        warnings.warn("deploy: " + "; ".join(static), stacklevel=4)
+    return program
 
 
 def _namespace(target: Any) -> str | None:

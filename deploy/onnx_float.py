@@ -35,3 +35,18 @@ def write_onnx(program: DeployProgram, path: Path) -> Path:
         raise DeployError("ONNX export returned no program")
     onnx_program.save(path, external_data=weight_bytes >= INLINE_LIMIT)
     return path
+
+
+def ort_failure(path: Path, inputs: dict[str, torch.Tensor]) -> str | None:
+    """ONNX Runtime's error running ``path`` once on ``inputs`` (None when it runs): a symbolic dimension some
+    kernel cannot handle fails here, in milliseconds, rather than in the subprocess check."""
+    import onnxruntime as ort
+
+    try:
+        options = ort.SessionOptions()
+        options.log_severity_level = 4  # the error is returned, not printed
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session.run(None, {name: t.numpy() for name, t in inputs.items()})
+    except Exception as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
+    return None

@@ -213,3 +213,17 @@ def test_axes_the_guard_fixes_stay_static_with_a_warning(tmp_path: Path) -> None
     model = onnx.load(str(tmp_path / "static" / "model.onnx"))
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert shape == list(mg.example_inputs.kwargs["input_ids"].shape)  # type: ignore[union-attr]
+
+
+def test_afno_sequence_axis_static_when_onnx_runtime_cannot_run_it(tmp_path: Path) -> None:
+    """ORT's DFT kernel fails on torch.onnx's rfft over a symbolic length (even at the example's length): the
+    export retries with the sequence static, says why, and the artifact runs at two batch sizes."""
+    mg = ForgeGraph(make_gpt(mixer="afno"), example_inputs=torch.randint(0, 64, (2, 16))).eval()
+    with pytest.warns(UserWarning, match=r"ONNX Runtime could not run the model with dynamic axes .*DFT.*batch only"):
+        manifest = export_onnx(mg, tmp_path / "afno", check=False)
+    assert manifest.dynamic_axes == {"idx": {0: "batch"}}
+    for batch in (1, 3):
+        idx = torch.randint(0, 64, (batch, 16))
+        (got,) = _ort(tmp_path / "afno" / "model.onnx", {"idx": idx})
+        with torch.no_grad():
+            assert _relative(got, mg(idx)) <= BOUND, batch
