@@ -6,6 +6,9 @@ case fails early."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,20 @@ def test_quantized_graph_is_refused_naming_the_layer(tmp_path: Path) -> None:
     with pytest.raises(DeployError, match="max_batch must be an integer >= 1"):
         export_executorch(mg, tmp_path / "b", max_batch=0)
     assert not (tmp_path / "b").exists()
+
+
+def test_cli_deploy_pte_refuses_a_quantized_checkpoint_in_one_line(tmp_path: Path) -> None:
+    """``fxforge deploy --format pte`` reaches export_executorch (not another exporter) and exits 1 with its error."""
+    mg = ForgeGraph(make_gpt(), example_inputs=torch.randint(0, 64, (2, 16))).eval()
+    qmg, _ = quantize_transform_pass(mg, INT8)
+    qmg.eval().export(tmp_path / "ckpt")
+    proc = subprocess.run([str(Path(sys.executable).parent / "fxforge"), "deploy", str(tmp_path / "ckpt"), "--format",
+                           "pte", "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("fxforge: error: "), proc.stderr
+    assert "layer 'blocks.0.mixer.c_attn' is quantized" in lines[0] and "XNNPACK int8" in lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 class _NoPositions(nn.Module):
