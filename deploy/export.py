@@ -4,7 +4,9 @@ Steps: check the output path, build the inference signature and torch.export it 
 ops no runtime outside fxforge can run (``fxforge::`` kernels, other custom namespaces), write the artifact into a
 staged sibling directory, check it in a fresh subprocess without fxforge (deploy/check.py) at two input shapes
 against the fxforge graph's own outputs, write the manifest and move the directory into place. A failed check
-still leaves the artifact and its manifest (so ``fxforge inspect`` shows what was measured) and raises.
+still leaves the artifact and its manifest (so ``fxforge inspect`` shows what was measured) and raises. Axes
+asked dynamic that stay static (the guard fixes them, torch.export specialises them, or ONNX Runtime cannot run
+them) are warned once and left out of the manifest's ``dynamic_axes``.
 
 Quantized graphs: ONNX exports the QDQ rewrite of the graph (deploy/qdq.py) and is checked in quantization steps
 against fxforge's simulated outputs; AOTInductor compiles the simulated graph itself (its fake-quant ops are
