@@ -14,9 +14,10 @@ Two things differ from the other formats:
   proven length; the runtime refuses an input with more elements than the planned ``max_batch x longest`` ones
   ("Attempted to resize a bounded tensor"; a larger batch of shorter sequences happens to fit).
 * executorch 1.5.1's edge IR validator calls ``len()`` on the list outputs of ``split_with_sizes_copy`` (the
-  q/k/v split), which guards the symbolic batch to the example's value: the program would then refuse every
-  other batch. It is switched off (``_check_ir_validity=False``); the subprocess check at batch 1 and 3 shows
-  batch stays dynamic.
+  q/k/v split), which guards the symbolic batch to the example's value: memory is then planned for the example's
+  batch (2 for the zoo GPT) and the program refuses 3 x 64 tokens. It is switched off
+  (``_check_ir_validity=False``); the subprocess check at batch 3 and tests/deploy at max_batch x 64 show batch
+  stays dynamic.
 
 Quantized graphs are refused naming a quantized layer: fxforge does not map its quantizers to XNNPACK's int8
 kernels yet (a simulated fake-quant graph would run float kernels and be mistaken for an int8 artifact).
