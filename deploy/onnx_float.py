@@ -40,7 +40,7 @@ def write_onnx(program: DeployProgram, path: Path) -> Path:
 def ort_failure(path: Path, inputs: dict[str, torch.Tensor]) -> str | None:
     """ONNX Runtime's error running ``path`` once on ``inputs`` (None when it runs): a symbolic dimension some
     kernel cannot handle fails here, in milliseconds, rather than in the subprocess check."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # type: ignore[import-untyped]
 
     try:
         options = ort.SessionOptions()

@@ -128,22 +128,27 @@ def _reroute_sizes(gm: fx.GraphModule, node: fx.Node, checks: list[tuple[str, in
     same: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for name, dim, kind, value, _ in checks:
         if kind == "same":
-            same.setdefault((name, dim), []).append(tuple(value))
-            same.setdefault(tuple(value), []).append((name, dim))  # type: ignore[arg-type]
+            other = (str(value[0]), int(value[1]))
+            same.setdefault((name, dim), []).append(other)
+            same.setdefault(other, []).append((name, dim))
     for user in list(node.users):
         if not (user.op == "call_function" and user.target is torch.ops.aten.sym_size.int and user.args[0] is node):
             continue
-        seen, stack = set(), [(str(node.target), int(user.args[1]))]  # type: ignore[call-overload]
+        axis = user.args[1]
+        if not isinstance(axis, int):
+            continue
+        seen: set[tuple[str, int]] = set()
+        stack = [(str(node.target), axis)]
         while stack:
             key = stack.pop()
             if key not in seen:
                 seen.add(key)
                 stack.extend(same.get(key, []))
-        other = next(((n, d) for n, d in sorted(seen) if n in inputs), None)
-        if other is None:
+        source = next(((n, d) for n, d in sorted(seen) if n in inputs), None)
+        if source is None:
             continue
         with gm.graph.inserting_before(user):
-            size = gm.graph.call_function(torch.ops.aten.sym_size.int, (inputs[other[0]], other[1]))
+            size = gm.graph.call_function(torch.ops.aten.sym_size.int, (inputs[source[0]], source[1]))
         size.meta = dict(user.meta)
         user.replace_all_uses_with(size)
         gm.graph.erase_node(user)
