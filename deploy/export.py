@@ -30,7 +30,7 @@ from .aoti import write_aoti
 from .manifest import ARTIFACT_FILES, DeployCheck, DeployError, DeployManifest, write_manifest
 from .onnx_float import ort_failure, write_onnx
 from .output_dir import StagedDir, check_output_dir
-from .qdq import output_step, to_qdq
+from .qdq import dedicate_dq_file, output_step, to_qdq
 from .signature import DeployProgram, InferenceSignature, export_program, inference_signature
 
 __all__ = ["export_onnx", "export_aoti", "check_ops", "check_cases", "FLOAT_BOUND", "QUANT_STEP_BOUND",
@@ -83,7 +83,7 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
     staged = StagedDir(out_dir)
     try:
         artifact = staged.path / ARTIFACT_FILES[fmt]
-        program = _write(fmt, signature, artifact, dynamic_batch, dynamic_seq)
+        program = _write(fmt, signature, artifact, dynamic_batch, dynamic_seq, qdq=bound_kind == "quant_steps")
         result: DeployCheck | None = None
         if check:
             from .check import check_artifact
@@ -108,10 +108,12 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
 
 
 def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batch: bool,
-           dynamic_seq: bool) -> DeployProgram:
+           dynamic_seq: bool, qdq: bool = False) -> DeployProgram:
     """Export and write the artifact. ONNX: the file is run once in ONNX Runtime on the example inputs; when
     ORT cannot run it with the asked dynamic axes (its DFT kernel and an rfft over a symbolic length, measured
-    on the zoo's gpt-afno), the sequence axis, then the batch axis, is made static and the reason warned."""
+    on the zoo's gpt-afno), the sequence axis, then the batch axis, is made static and the reason warned. A QDQ
+    file gets a Q/DQ pair per reader (``dedicate_dq_file``): the exporter shares one pair between query, key and
+    value, and ORT then leaves those MatMuls in float."""
     attempts = [(dynamic_batch, dynamic_seq)]
     if fmt == "onnx":
         attempts += [a for a in ((dynamic_batch, False), (False, False)) if a not in attempts]
@@ -123,6 +125,8 @@ def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batc
             write_aoti(program, artifact)
             break
         write_onnx(program, artifact)
+        if qdq:
+            dedicate_dq_file(artifact)
         failure = ort_failure(artifact, signature.example_inputs) if program.dynamic_axes else None
         if failure is None:
             break

@@ -195,6 +195,13 @@ def test_quantized_graph_exports_as_qdq_checked_in_steps(quantized_bert: ForgeGr
     assert check is not None and check.passed and {s.bound_kind for s in check.shapes} == {"quant_steps"}
     ops = {n.op_type for n in onnx.load(str(tmp_path / "q" / "model.onnx")).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    # the artifact as written runs every linear as ORT's integer MatMul (each Q/DQ pair read by one MatMul); no
+    # weight is dequantized to float
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "q" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    fused = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert fused.count("MatMulIntegerToFloat") == 14 and "DequantizeLinear" not in fused, sorted(set(fused))
 
 
 def test_quantized_graph_compiles_its_simulation_to_aoti(quantized_bert: ForgeGraph, tmp_path: Path) -> None:
