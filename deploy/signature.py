@@ -22,6 +22,7 @@ back from the exported program, never assumed from what was asked.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Iterator
@@ -82,11 +83,19 @@ class DeployProgram:
 def torch_noise_ignored() -> Iterator[None]:
     """Ignore two warnings torch 2.13 raises inside its own exporters, which no caller can act on (and which are
     errors under ``-W error``): TreeSpec deep copies rebuilding the deprecated LeafSpec (torch.onnx, inductor), and
-    torch.utils.mkldnn's import-time ``torch.jit.script_method`` (inductor's first compile)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\)", FutureWarning)
-        warnings.filterwarnings("ignore", r".*torch\.jit\.script_method.* is deprecated", DeprecationWarning)
-        yield
+    torch.utils.mkldnn's import-time ``torch.jit.script_method`` (inductor's first compile). Also quiets torch.onnx's
+    registry logging "torchvision is not installed. Skipping torchvision::..." four times per export (fxforge graphs
+    hold no torchvision ops)."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry.level
+    registry.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\)", FutureWarning)
+            warnings.filterwarnings("ignore", r".*torch\.jit\.script_method.* is deprecated", DeprecationWarning)
+            yield
+    finally:
+        registry.setLevel(level)
 
 
 def _output_leaves(gm: fx.GraphModule) -> tuple[fx.Node, list[tuple[str, Any]]]:
