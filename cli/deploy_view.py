@@ -84,9 +84,11 @@ def manifest_lines(manifest: DeployManifest, directory: Path, width: int) -> lis
             ("inputs:", ", ".join(_tensor(n, manifest, True) for n in manifest.inputs)),
             ("outputs:", ", ".join(_tensor(n, manifest, False) for n in manifest.outputs))]
     lines: list[str] = []
-    for label, value in rows:  # a path stays whole (copyable) even when longer than the terminal
-        lines += textwrap.wrap(f"{label:<14}{_safe(value)}", width, subsequent_indent=pad, break_on_hyphens=False,
-                               break_long_words=label != "artifact:")
+    for label, value in rows:  # the path stays on its label's line, whole (copyable), however wide the terminal
+        if label == "artifact:":
+            lines.append(f"{label:<14}{_safe(value)}")
+            continue
+        lines += textwrap.wrap(f"{label:<14}{_safe(value)}", width, subsequent_indent=pad, break_on_hyphens=False)
     check = manifest.check
     if check is None:
         return [*lines, "check:        not run (the artifact was not checked outside fxforge)"]
