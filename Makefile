@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # importable as top-level modules (transformers probes `kernels`), in tests and their subprocesses alike.
 export PYTHONSAFEPATH ?= 1
 
-.PHONY: demo test test-reach lint typecheck venv lock clean-venv
+.PHONY: demo test test-deploy test-reach lint typecheck venv lock clean-venv
 
 venv: $(VENV_STAMP)
 
@@ -32,7 +32,12 @@ demo: $(VENV_STAMP)
 	$(PY) -m fxforge.examples.demo
 
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach and not deploy_sweep" tests
+
+# The deploy sweep's AOTInductor half (every zoo and tiny HF model compiled to a .pt2 and checked): about
+# 4 minutes of C++ compiles that would take `make test` past its budget. CI runs it after `make test`.
+test-deploy: $(VENV_STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m deploy_sweep tests/deploy
 
 # The architecture reach sweep (tests/reach): all its tiny transformers architectures, not only `test`'s 12.
 test-reach: $(VENV_STAMP)

@@ -1,12 +1,18 @@
 """The deploy sweep's model lists and assertion, shared by test_deploy_zoo.py (the BERT zoo models),
 test_deploy_zoo_mixers.py (GPT, AFNO-GPT, AGRU) and test_deploy_zoo_hf.py (tiny HF Llama, GPT-2, ViT): three files
 of about equal time (each model costs an ONNX export and an AOTInductor compile, 10-90 s) so pytest-xdist's
-loadfile spreads them over the workers."""
+loadfile spreads them over the workers.
+
+The AOTInductor half is marked ``deploy_sweep``: its eight C++ compiles (~4 minutes of CPU) would take `make test`
+past its 12-minute budget, so `make test-deploy` runs it and `.ci/run` runs both (`make test` keeps the ONNX half,
+and AOTI exports of tiny BERT, quantized BERT and test_check's module)."""
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
+
+import pytest
 
 from fxforge import ForgeGraph
 from fxforge.deploy import ARTIFACT_FILES, DeployManifest, export_aoti, export_onnx, read_manifest
@@ -15,6 +21,7 @@ from fxforge.models.zoo import build
 
 BERT_ZOO = ("minilm", "tiny-bert")
 MIXER_ZOO = ("gpt", "gpt-afno", "agru")
+AOTI = pytest.param("aoti", marks=pytest.mark.deploy_sweep)
 
 
 @functools.cache

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deploy_sweep import BERT_ZOO, MIXER_ZOO, assert_deployed, zoo_graph
+from deploy_sweep import AOTI, BERT_ZOO, MIXER_ZOO, assert_deployed, zoo_graph
 
 from fxforge.models.zoo import ZOO
 
@@ -16,7 +16,7 @@ def test_the_sweep_covers_the_whole_zoo() -> None:
     assert sorted(BERT_ZOO + MIXER_ZOO) == sorted(ZOO)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "aoti"])
+@pytest.mark.parametrize("fmt", ["onnx", AOTI])
 @pytest.mark.parametrize("name", BERT_ZOO)
 def test_bert_zoo_model_deploys_and_passes_the_subprocess_check(name: str, fmt: str, tmp_path: Path) -> None:
     assert_deployed(zoo_graph(name), fmt, tmp_path / f"{name}-{fmt}", name)

@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 import pytest
-from deploy_sweep import assert_deployed
+from deploy_sweep import AOTI, assert_deployed
 from hf_tiny import INPUT_NAMES, tiny_hf
 
 from fxforge import ForgeGraph
@@ -19,7 +19,7 @@ def hf_graph(family: str) -> ForgeGraph:
     return ForgeGraph(tiny_hf(family), hf_input_names=INPUT_NAMES[family]).eval()
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "aoti"])
+@pytest.mark.parametrize("fmt", ["onnx", AOTI])
 @pytest.mark.parametrize("family", ["llama", "gpt2", "vit"])
 def test_tiny_hf_model_deploys_and_passes_the_subprocess_check(family: str, fmt: str, tmp_path: Path) -> None:
     manifest = assert_deployed(hf_graph(family), fmt, tmp_path / f"{family}-{fmt}", f"tiny {family}")
