@@ -5,6 +5,7 @@ export; fxforge:: kernels are refused naming the op and node; the caller's graph
 from __future__ import annotations
 
 import logging
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,11 @@ def test_aoti_package_matches_at_two_batches(tmp_path: Path) -> None:
         with torch.no_grad():
             (got,) = package(x["input_ids"], x["attention_mask"])
             assert _relative(got, mg(**x).logits) <= BOUND, (batch, seq)
+    # compiled with freezing: weights are constants and linears run oneDNN's prepacked GEMM (_linear_pointwise)
+    # instead of addmm on the raw weights (MiniLM 8x128 on this CPU: 0.69x eager, 0.99x unfrozen)
+    with zipfile.ZipFile(tmp_path / "aoti" / "model.pt2") as package_zip:
+        wrapper = "".join(package_zip.read(n).decode() for n in package_zip.namelist() if n.endswith("wrapper.cpp"))
+    assert "aoti_torch_cpu__linear_pointwise" in wrapper and "aoti_torch_cpu_addmm" not in wrapper, "not frozen"
 
 
 def test_failed_check_keeps_the_artifact_and_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
