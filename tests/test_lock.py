@@ -4,6 +4,7 @@ finds no broken requirement (a fresh machine installs requirements.lock alone, h
 from __future__ import annotations
 
 import re
+import site
 import subprocess
 import sys
 from importlib.metadata import distributions
@@ -52,7 +53,10 @@ def test_lock_pins_refuse_loose_lines() -> None:
 
 def test_installed_distributions_are_all_locked_at_their_version() -> None:
     pins = lock_pins(LOCK.read_text())
-    installed = {_norm(d.metadata["Name"]): d.version for d in distributions()}
+    # the venv's own site-packages: once a test imports something that loads pkg_resources (executorch does),
+    # setuptools puts its vendored copies (setuptools/_vendor: wheel, zipp, ...) on sys.path, and distributions()
+    # would list them as if installed
+    installed = {_norm(d.metadata["Name"]): d.version for d in distributions(path=site.getsitepackages())}
     installed.pop("fxforge", None)  # the project itself, installed editable from this tree
     unlocked = {n: v for n, v in installed.items() if n not in pins}
     wrong = {n: (v, pins[n]) for n, v in installed.items() if n in pins and pins[n] != v}
