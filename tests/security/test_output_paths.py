@@ -69,11 +69,13 @@ def test_search_paths_outside_the_root_are_refused(tmp_path: Path, key: str, val
 
 
 def test_search_paths_resolve_under_the_root(tmp_path: Path) -> None:
-    config = {"search": {"run_dir": "runs", "storage": "sqlite:///study.db", "resume": False},
-              "model": {"name": "tiny-bert"}, "space": SPACE}
+    # size only: an accuracy objective needs evaluation data, which search_from_config now asks for up front
+    config = {"search": {"run_dir": "runs", "storage": "sqlite:///study.db", "resume": False,
+                         "objectives": ["avg_weight_bits"]}, "model": {"name": "tiny-bert"}, "space": SPACE}
     search = search_from_config(config, output_root=tmp_path)
     assert Path(search.run_dir) == tmp_path / "runs" and search.storage == f"sqlite:///{tmp_path / 'study.db'}"
-    outside = search_from_config({**config, "search": {"run_dir": str(tmp_path.parent / "r"), "resume": False}},
+    outside = search_from_config({**config, "search": {"run_dir": str(tmp_path.parent / "r"), "resume": False,
+                                                       "objectives": ["avg_weight_bits"]}},
                                  output_root=tmp_path, allow_outside_root=True)
     assert Path(outside.run_dir) == tmp_path.parent / "r"
 
