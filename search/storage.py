@@ -104,6 +104,14 @@ def _sqlalchemy_url(url: str) -> str:
     return url
 
 
+def _retry_callback(max_retry: int) -> RetryHeartbeatStaleTrialCallback:
+    """Optuna's stale-trial retry callback, without the ExperimentalWarning its constructor raises on every study
+    a user opens (fxforge, not the user, chose it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+
+
 def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorage:
     """Open (creating if needed) the storage; an unreachable database is one clear SearchError."""
     kind = spec.kind
@@ -119,10 +127,12 @@ def open_storage(spec: StorageSpec, run_dir: Path) -> optuna.storages.BaseStorag
     url = _sqlalchemy_url(str(spec.url))
     kwargs: dict[str, Any] = {  # RDBStorage's heartbeat arguments (int, int, callback), on every database
         "heartbeat_interval": spec.heartbeat_interval, "grace_period": spec.grace_period,
-        "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)}
+        "heartbeat_stale_trial_callback": _retry_callback(spec.max_retry)}
     engine = {"connect_args": {"connect_timeout": 5}} if kind == "postgresql" else {}
     try:
-        storage = RDBStorage(url, engine_kwargs=engine, **kwargs)
+        with warnings.catch_warnings():  # heartbeats are Optuna-experimental: fxforge's choice, not the user's
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = RDBStorage(url, engine_kwargs=engine, **kwargs)
         if kind == "postgresql":
             _ping_after_idle(storage.engine, spec.ping_after_idle)
         return storage
@@ -142,7 +152,7 @@ def fail_stale_trials(study: optuna.Study, storage: optuna.storages.BaseStorage,
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # Optuna calls it per trial too
             optuna.storages.fail_stale_trials(study)
         return
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=spec.max_retry)
+    retry = _retry_callback(spec.max_retry)
     study_id = storage.get_study_id_from_name(study.study_name)  # public BaseStorage methods only
     for t in storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)

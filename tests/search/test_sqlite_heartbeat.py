@@ -77,3 +77,13 @@ def test_killed_worker_trial_is_failed_on_resume_and_retried(tmp_path: Path, kin
                if optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == failed[0].number]
     assert len(retried) == 1 and retried[0].params == failed[0].params  # re-run with its parameters
     assert retried[0].state == optuna.trial.TrialState.COMPLETE
+
+
+def test_opening_a_database_study_warns_nothing(tmp_path: Path) -> None:
+    # the heartbeat's retry callback is Optuna-experimental: fxforge chose it, so users are not warned per study
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        storage = open_storage(StorageSpec(f"sqlite:///{tmp_path / 'study.db'}"), tmp_path)
+    assert isinstance(storage, optuna.storages.RDBStorage) and storage.heartbeat_interval is not None
