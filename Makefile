@@ -32,12 +32,13 @@ demo: $(VENV_STAMP)
 	$(PY) -m fxforge.examples.demo
 
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach and not deploy_sweep" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach and not slow_deploy" tests
 
-# The deploy sweep's AOTInductor half (every zoo and tiny HF model compiled to a .pt2 and checked): about
-# 4 minutes of C++ compiles that would take `make test` past its budget. CI runs it after `make test`.
+# The slow deploy compiles: the sweep's AOTInductor half (every zoo and tiny HF model compiled to a .pt2 and
+# checked), the other AOTI packages and the ExecuTorch lowering, about 6 minutes of CPU that would take
+# `make test` past its 12-minute budget. CI runs it after `make test`.
 test-deploy: $(VENV_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m deploy_sweep tests/deploy
+	$(PY) -m pytest -q -n 2 --dist loadfile -m slow_deploy tests
 
 # The architecture reach sweep (tests/reach): all its tiny transformers architectures, not only `test`'s 12.
 test-reach: $(VENV_STAMP)

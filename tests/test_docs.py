@@ -98,6 +98,7 @@ def deployed_docs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, A
     return ns, cwd
 
 
+@pytest.mark.slow_deploy  # docs/deploy.md's blocks compile an AOTI package: make test-deploy
 def test_deploy_python_blocks_do_what_the_text_says(deployed_docs: tuple[dict[str, Any], Path]) -> None:
     ns, cwd = deployed_docs
     mg, ids = ns["mg"], torch.as_tensor(ns["ids"])
@@ -115,6 +116,7 @@ def test_deploy_python_blocks_do_what_the_text_says(deployed_docs: tuple[dict[st
     assert not (cwd / "deploy" / "bert-mxint4-onnx").exists()  # refused before anything was written
 
 
+@pytest.mark.slow_deploy
 def test_deploy_shell_commands_run(deployed_docs: tuple[dict[str, Any], Path]) -> None:
     _, cwd = deployed_docs
     commands = [line for body in blocks(DEPLOY, "") for line in body.splitlines() if line.startswith("fxforge ")]

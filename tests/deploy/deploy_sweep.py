@@ -3,9 +3,9 @@ test_deploy_zoo_mixers.py (GPT, AFNO-GPT, AGRU) and test_deploy_zoo_hf.py (tiny 
 of about equal time (each model costs an ONNX export and an AOTInductor compile, 10-90 s) so pytest-xdist's
 loadfile spreads them over the workers.
 
-The AOTInductor half is marked ``deploy_sweep``: its eight C++ compiles (~4 minutes of CPU) would take `make test`
-past its 12-minute budget, so `make test-deploy` runs it and `.ci/run` runs both (`make test` keeps the ONNX half,
-and AOTI exports of tiny BERT, quantized BERT and test_check's module)."""
+The AOTInductor half is marked ``slow_deploy``: its eight C++ compiles (~4 minutes of CPU) would take `make test`
+past its 12-minute budget, so `make test-deploy` runs it and `.ci/run` runs both (`make test` keeps the ONNX half
+and one AOTI export, tiny BERT's in test_export_float.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fxforge.models.zoo import build
 
 BERT_ZOO = ("minilm", "tiny-bert")
 MIXER_ZOO = ("gpt", "gpt-afno", "agru")
-AOTI = pytest.param("aoti", marks=pytest.mark.deploy_sweep)
+AOTI = pytest.param("aoti", marks=pytest.mark.slow_deploy)
 
 
 @functools.cache

@@ -83,7 +83,7 @@ def _cases(model: Tiny, shapes: tuple[tuple[int, int], ...] = ((2, 5), (3, 11)))
     return cases
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "aoti"])
+@pytest.mark.parametrize("fmt", ["onnx", pytest.param("aoti", marks=pytest.mark.slow_deploy)])  # make test-deploy
 def test_correct_artifact_passes_at_two_shapes(fmt: str, model: Tiny, request: pytest.FixtureRequest) -> None:
     out = request.getfixturevalue(f"{fmt}_dir")
     check = check_artifact(out, fmt, _cases(model), bound=1e-4, bound_kind="relative")
@@ -123,7 +123,7 @@ def test_missing_output_is_named(model: Tiny, onnx_dir: Path) -> None:
         check_artifact(onnx_dir, "onnx", cases, bound=1e-4, bound_kind="relative")
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "aoti"])
+@pytest.mark.parametrize("fmt", ["onnx", pytest.param("aoti", marks=pytest.mark.slow_deploy)])
 def test_wrong_shape_is_named(fmt: str, model: Tiny, request: pytest.FixtureRequest) -> None:
     cases = [CheckCase(c.inputs, {"y": c.expected["y"][:, :-1], "total": c.expected["total"]}) for c in _cases(model)]
     with pytest.raises(DeployError, match=r"output 'y' has shape \[2, 5, 4\], the graph's has \[2, 4, 4\]"):

@@ -43,6 +43,7 @@ def _case(mg: ForgeGraph, batch: int, seq: int) -> CheckCase:
     return CheckCase(inputs={"idx": idx}, expected=inference_signature(mg)({"idx": idx}))
 
 
+@pytest.mark.slow_deploy  # the ExecuTorch lowering (~30-60 s): make test-deploy
 def test_gpt_pte_is_written_and_passes_the_subprocess_check(gpt_pte: Any) -> None:
     mg, out, manifest = gpt_pte
     assert sorted(p.name for p in out.iterdir()) == ["deploy.json", "model.pte"]
@@ -59,6 +60,7 @@ def test_gpt_pte_is_written_and_passes_the_subprocess_check(gpt_pte: Any) -> Non
     assert all(s.bound_kind == "relative" and s.error <= BOUND for s in check.shapes)
 
 
+@pytest.mark.slow_deploy
 def test_gpt_pte_batch_runs_up_to_max_batch_and_is_refused_above(gpt_pte: Any) -> None:
     """Memory is planned for max_batch x the longest sequence (executorch's IR validator left on plans it for the
     example's 2 x 64 and refuses 4 x 64)."""

@@ -213,6 +213,7 @@ def test_quantized_graph_exports_as_qdq_checked_in_steps(quantized_bert: ForgeGr
     assert fused.count("MatMulIntegerToFloat") == 14 and "DequantizeLinear" not in fused, sorted(set(fused))
 
 
+@pytest.mark.slow_deploy  # an AOTI compile: make test-deploy
 def test_quantized_graph_compiles_its_simulation_to_aoti(quantized_bert: ForgeGraph, tmp_path: Path) -> None:
     manifest = export_aoti(quantized_bert, tmp_path / "qa")
     assert manifest.quantization.startswith("simulated (28 quantizers")  # 14 weight + 14 input quantizers
