@@ -36,7 +36,7 @@ import torch
 
 from ..graph.forge_graph import ForgeGraph
 from ..passes.quantize.quantizer import iter_quantizers
-from .export import FLOAT_BOUND, check_cases, check_ops
+from .export import FLOAT_BOUND, check_cases, check_ops, raise_if_failed
 from .manifest import ARTIFACT_FILES, DeployCheck, DeployError, DeployManifest, write_manifest
 from .output_dir import StagedDir, check_output_dir
 from .signature import DeployProgram, InferenceSignature, export_program, inference_signature, torch_noise_ignored
@@ -88,11 +88,7 @@ def export_executorch(mg: ForgeGraph, out_dir: str | os.PathLike[str], *, dynami
     except BaseException:
         staged.discard()
         raise
-    if result is not None and not result.passed:
-        worst = max(result.shapes, key=lambda s: s.error / s.bound if s.bound else s.error)
-        raise DeployError(f"pte artifact written to {out} but its check failed: error {worst.error:.3g} "
-                          f"({worst.bound_kind}) > bound {worst.bound:g} at shapes {worst.shapes}"
-                          + ("" if not result.fxforge_importable else "; fxforge was importable in the check"))
+    raise_if_failed(FORMAT, out, result)
     return manifest
 
 

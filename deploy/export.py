@@ -99,12 +99,18 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
     except BaseException:
         staged.discard()
         raise
+    raise_if_failed(fmt, out, result)
+    return manifest
+
+
+def raise_if_failed(fmt: str, out: Path, result: DeployCheck | None) -> None:
+    """DeployError stating the worst measured error and its bound when the subprocess check failed (the artifact
+    and its manifest are already written, so the user can inspect them)."""
     if result is not None and not result.passed:
         worst = max(result.shapes, key=lambda s: s.error / s.bound if s.bound else s.error)
         raise DeployError(f"{fmt} artifact written to {out} but its check failed: error {worst.error:.3g} "
                           f"({worst.bound_kind}) > bound {worst.bound:g} at shapes {worst.shapes}"
                           + ("" if not result.fxforge_importable else "; fxforge was importable in the check"))
-    return manifest
 
 
 def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batch: bool,
