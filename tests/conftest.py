@@ -162,3 +162,25 @@ def postgres_url() -> Iterator[str]:
         pytest.fail(f"the search storage tests need PostgreSQL server binaries on PATH ({reason})")
     with LocalPostgres() as pg:
         yield pg.url
+
+
+class TinyMLP(nn.Module):
+    """8 -> 16 -> 3, the smallest model a search can quantize per layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def tiny_search_setup(rows: int) -> tuple[Any, Any]:
+    """A captured TinyMLP and a TensorTask of ``rows`` random inputs labelled by the float model itself."""
+    from fxforge import ForgeGraph
+    from fxforge.search import TensorTask
+
+    torch.manual_seed(0)
+    net = TinyMLP().eval()
+    x = torch.randn(rows, 8)
+    return ForgeGraph(net, (x[:4],)), TensorTask({"x": x}, net(x).argmax(-1), batch_size=32)

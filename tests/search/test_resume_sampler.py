@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn as nn
+from conftest import tiny_search_setup
 
 from fxforge import ForgeGraph
 from fxforge.search import MixedPrecisionSpace, Search, TensorTask
@@ -17,21 +16,9 @@ SPACE = MixedPrecisionSpace({"integer": {"width": [2, 3, 4, 5, 6, 8], "frac_widt
                             roles=("weight", "data_in"), per="layer")
 
 
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 @pytest.fixture(scope="module")
 def setup() -> tuple[ForgeGraph, TensorTask]:
-    torch.manual_seed(0)
-    net = _Net().eval()
-    x = torch.randn(64, 8)
-    return ForgeGraph(net, (x[:4],)), TensorTask({"x": x}, net(x).argmax(-1), batch_size=32)
+    return tiny_search_setup(64)
 
 
 def _run(setup: tuple[ForgeGraph, TensorTask], run_dir: Path, storage: str | None, sampler: str,

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn as nn
+from conftest import tiny_search_setup
 
 from fxforge import ForgeGraph
 from fxforge.search import (
@@ -26,21 +25,9 @@ from fxforge.search import (
 )
 
 
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 @pytest.fixture(scope="module")
 def setup() -> tuple[ForgeGraph, TensorTask]:
-    torch.manual_seed(0)
-    net = _Net().eval()
-    x = torch.randn(32, 8)
-    return ForgeGraph(net, (x[:4],)), TensorTask({"x": x}, net(x).argmax(-1), batch_size=32)
+    return tiny_search_setup(32)
 
 
 def test_a_width_no_combination_admits_is_refused_not_dropped() -> None:
