@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # importable as top-level modules (transformers probes `kernels`), in tests and their subprocesses alike.
 export PYTHONSAFEPATH ?= 1
 
-.PHONY: demo test test-deploy test-reach lint typecheck venv lock clean-venv
+.PHONY: demo test test-deploy test-search test-slow test-reach lint typecheck venv lock clean-venv
 
 venv: $(VENV_STAMP)
 
@@ -32,13 +32,21 @@ demo: $(VENV_STAMP)
 	$(PY) -m fxforge.examples.demo
 
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach and not slow_deploy" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach and not slow_deploy and not slow_search" tests
 
 # The slow deploy compiles: the sweep's AOTInductor half (every zoo and tiny HF model compiled to a .pt2 and
 # checked), the other AOTI packages and the ExecuTorch lowering, about 6 minutes of CPU that would take
 # `make test` past its 12-minute budget. CI runs it after `make test`.
 test-deploy: $(VENV_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m slow_deploy tests
+
+# Searches that really train (multi-fidelity rungs, sensitivity on a trained model): minutes of CPU, run by CI.
+test-search: $(VENV_STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m slow_search tests
+
+# Everything `make test` leaves out for time (not the reach sweep): what CI runs after `make test`.
+test-slow: $(VENV_STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow_deploy or slow_search" tests
 
 # The architecture reach sweep (tests/reach): all its tiny transformers architectures, not only `test`'s 12.
 test-reach: $(VENV_STAMP)
