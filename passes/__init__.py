@@ -6,6 +6,7 @@ from .analysis.liveness import liveness_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from .analysis.profile import profile_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
+from .analysis.sensitivity import sensitivity_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
 from .base import PASS_ALIASES, PASSES, PassArgsError, PassError, forge_pass, get_pass
 from .compiler import (
@@ -65,6 +66,7 @@ __all__ = [
     "init_metadata_analysis_pass",
     "remove_dropout_transform_pass",
     "report_graph_analysis_pass",
+    "sensitivity_analysis_pass",
     "report_trainable_parameters_analysis_pass",
     "freeze_transform_pass",
     "unfreeze_transform_pass",

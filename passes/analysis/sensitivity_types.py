@@ -30,7 +30,9 @@ class SensitivityArgs:
     score that grows with the noise); widths / prune_ratios: the candidates measured; format: the fxforge
     quantization format whose ``width`` is varied; targets: canonical op types measured (default linear);
     loss_fn: ``(output, batch) -> loss`` (default: the output's ``loss``, else cross-entropy on logits vs
-    ``batch["labels"]``); num_batches: use only the first n batches; probes: Hutchinson probes per batch."""
+    ``batch["labels"]``); num_batches: use only the first n batches; probes: Hutchinson probes per batch;
+    format_params: the weight's other parameters of ``format`` (default: ``frac_width "auto"`` for integer,
+    the format's defaults otherwise)."""
 
     data: Any = None
     method: Method = "fisher"
@@ -42,6 +44,7 @@ class SensitivityArgs:
     num_batches: int | None = None
     probes: int = 4
     seed: int = 0
+    format_params: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,15 @@ class LayerSensitivity:
 class GroupSensitivity:
     """One prune group: ``kind`` "heads" (an attention block's heads) or "ffn" (an FFN's hidden units),
     ``name`` the module path the pruning passes use, ``unit_scores`` each head's / unit's importance (higher:
-    keep), ``prune`` the estimated loss increase when the least important ``ratio`` of units is removed."""
+    keep), ``prune`` the estimated loss increase when the least important ``ratio`` of units is removed;
+    ``layers`` the module paths of the Linears whose rows form the units (q/k/v; an FFN's up / gate layers)."""
 
     name: str
     kind: Literal["heads", "ffn"]
     units: int
     unit_scores: tuple[float, ...]
     prune: tuple[tuple[float, float], ...]
+    layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ class SensitivityInfo(PassInfo):
                 "layers": [{"name": s.name, "params": s.params, "quant": [list(p) for p in s.quant]}
                            for s in self.layers],
                 "groups": [{"name": g.name, "kind": g.kind, "units": g.units, "unit_scores": list(g.unit_scores),
-                            "prune": [list(p) for p in g.prune]} for g in self.groups]}
+                            "prune": [list(p) for p in g.prune], "layers": list(g.layers)} for g in self.groups]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SensitivityInfo:
@@ -113,8 +118,14 @@ class SensitivityInfo(PassInfo):
             scores = g.get("unit_scores")
             if not isinstance(scores, list) or not all(_finite(v) for v in scores):
                 raise ValueError("sensitivity: unit_scores must be a list of finite numbers")
+            layer_names = g.get("layers", [])
+            if not isinstance(layer_names, list) or not all(isinstance(n, str) and 0 < len(n) <= 300
+                                                            for n in layer_names):
+                raise ValueError("sensitivity: a group's layers must be a list of names (strings of at most 300 "
+                                 "characters)")
             groups.append(GroupSensitivity(_name(g, "group"), kind, _count(g, "units"), tuple(float(v) for v in scores),
-                                           tuple((_num(p, 0), _num(p, 1)) for p in _pairs(g, "prune"))))
+                                           tuple((_num(p, 0), _num(p, 1)) for p in _pairs(g, "prune")),
+                                           tuple(layer_names)))
         return cls(method=method, baseline_loss=_num(data, "baseline_loss"), layers=layers, groups=tuple(groups))
 
 
