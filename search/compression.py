@@ -10,13 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from .errors import SearchError
+from .priors import SPARSITY_BUDGETS, allocations, allowed_choices, check_prior_args, sensitivity_bound
 from .space import QAT_WITH_LORA, SPACES, SearchSpace, TrialPlan, check_choices, space_from_spec, unknown_keys
 
 if TYPE_CHECKING:
     import optuna
 
     from ..graph.forge_graph import ForgeGraph
+    from ..passes.analysis.sensitivity_types import SensitivityInfo
 
 __all__ = ["JointSpace", "LoRARankSpace", "PruningSpace"]
 
@@ -36,13 +40,19 @@ class PruningSpace(SearchSpace):
     unpruned base with ``train_args={"teacher": base, "distill": {...}}``) before any later step such as
     quantization; without it the pruned model is measured as it is (or a LoRA space in the same joint
     space trains its adapters).
+
+    With ``prior="sensitivity"`` (every group pruning ``head`` or ``ffn`` units, at most one group each) the
+    study measures each attention's / FFN's loss increase per sparsity once; each group keeps the sparsities
+    within ``loss_bound`` (default half the baseline loss; the smallest always) and allocations minimising
+    the loss at several overall sparsities are enqueued first (search/priors.py).
     """
 
     kind = "pruning"
 
     def __init__(self, sparsity: Sequence[float], groups: Mapping[str, Any] | None = None, method: str = "l1",
                  granularity: str | Mapping[str, str] = "elementwise", scope: str = "local",
-                 shrink: bool = False, finetune: bool = False) -> None:
+                 shrink: bool = False, finetune: bool = False, prior: str | None = None,
+                 loss_bound: float | None = None) -> None:
         self.sparsity = check_choices("pruning sparsity", sparsity)
         bad = [s for s in self.sparsity if not isinstance(s, int | float) or isinstance(s, bool) or not 0 <= s < 1]
         if bad:
@@ -69,6 +79,15 @@ class PruningSpace(SearchSpace):
         self.granularity: str | dict[str, str] = dict(granularity) if isinstance(granularity, Mapping) else granularity
         self.per_group = per_group
         self.method, self.scope, self.shrink, self.finetune = method, scope, bool(shrink), bool(finetune)
+        check_prior_args("pruning", prior, loss_bound)
+        kinds = [_KINDS.get(g) for g in per_group.values()]
+        if prior is not None and (None in kinds or len(set(kinds)) != len(kinds)):
+            raise SearchError("pruning space: prior='sensitivity' measures attention heads and FFN units: give each "
+                              f"group granularity 'head' or 'ffn', at most one group each (got {per_group})")
+        self.prior, self.loss_bound = prior, loss_bound
+        self.sparsity_by_group: dict[str, tuple[float, ...]] = {}  # the prior's restriction (with_sensitivity)
+        self._group_loss: dict[str, dict[float, float]] = {}
+        self._group_params: dict[str, int] = {}
 
     def bind(self, graph: ForgeGraph | None) -> PruningSpace:
         from ..passes.base import PASSES
@@ -80,7 +99,8 @@ class PruningSpace(SearchSpace):
     def suggest(self, trial: optuna.trial.BaseTrial) -> TrialPlan:
         steps = []
         for group, selector in self.groups.items():
-            s = trial.suggest_categorical(f"sparsity:{group}", list(self.sparsity))
+            choices = self.sparsity_by_group.get(group, self.sparsity)
+            s = trial.suggest_categorical(f"sparsity:{group}", list(choices))
             if s > 0:
                 steps.append(("prune_transform_pass", {
                     "weight": {"sparsity": float(s), "method": self.method, "scope": self.scope,
@@ -92,7 +112,45 @@ class PruningSpace(SearchSpace):
 
     def to_spec(self) -> dict[str, Any]:
         return {"kind": self.kind, "sparsity": list(self.sparsity), "groups": self.groups, "method": self.method,
-                "granularity": self.granularity, "scope": self.scope, "shrink": self.shrink, "finetune": self.finetune}
+                "granularity": self.granularity, "scope": self.scope, "shrink": self.shrink, "finetune": self.finetune,
+                **({"prior": self.prior} if self.prior is not None else {}),
+                **({"loss_bound": self.loss_bound} if self.loss_bound is not None else {})}
+
+    def sensitivity_request(self) -> dict[str, Any]:
+        """What sensitivity_analysis_pass must measure for this space: its non-zero sparsities."""
+        return {"prune_ratios": tuple(sorted({float(s) for s in self.sparsity if s > 0}))}
+
+    def with_sensitivity(self, info: SensitivityInfo, graph: ForgeGraph | None) -> PruningSpace:
+        """A copy whose groups keep only the sparsities within the loss bound (the smallest always); a group's
+        loss at a sparsity sums its kind's measured groups (every attention for ``head``, every FFN for ``ffn``)."""
+        from ..passes.select import select_nodes
+
+        shaped = PruningSpace.__new__(PruningSpace)
+        shaped.__dict__.update(self.__dict__)
+        shaped.sparsity_by_group, shaped._group_loss, shaped._group_params = {}, {}, {}
+        bound = sensitivity_bound(info, self.loss_bound)
+        for group, selector in self.groups.items():
+            measured = [g for g in info.groups if g.kind == _KINDS[self.per_group[group]]]
+            if not measured:
+                raise SearchError(f"pruning space: the sensitivity measured has no {_KINDS[self.per_group[group]]} "
+                                  f"group for {group!r}: it was measured on another model; start a new study")
+            loss = {s: sum(_prune_loss(g.prune, s, g.name) for g in measured) for s in self.sparsity}
+            shaped._group_loss[group] = loss
+            shaped.sparsity_by_group[group] = allowed_choices(loss, min(self.sparsity), bound)
+            modules = [] if graph is None else select_nodes(graph.model, selector, modules_only=True)
+            weights = (getattr(m, "weight", None) for _, _, m, _ in modules)
+            shaped._group_params[group] = sum(w.numel() for w in weights if isinstance(w, torch.Tensor)) or 1
+        return shaped
+
+    def prior_allocations(self) -> list[dict[str, Any]]:
+        """``sparsity:<group>`` for each allocation minimising the summed loss increase at
+        :data:`SPARSITY_BUDGETS` overall sparsity (weighted by each group's weight count)."""
+        groups = list(self.groups)
+        options = [[(s, (1 - s) * self._group_params[g], self._group_loss[g][s]) for s in self.sparsity_by_group[g]]
+                   for g in groups]
+        total = sum(self._group_params[g] for g in groups)
+        return [{f"sparsity:{g}": s for g, s in zip(groups, chosen)}
+                for chosen in allocations(options, [(1 - b) * total for b in SPARSITY_BUDGETS])]
 
 
 class LoRARankSpace(SearchSpace):
@@ -160,8 +218,23 @@ class JointSpace(SearchSpace):
         return {"kind": self.kind, "spaces": [s.to_spec() for s in self.spaces]}
 
 
+_KINDS = {"head": "heads", "ffn": "ffn"}  # pruning granularity -> the sensitivity group kind it prunes
+
+
+def _prune_loss(measured: Sequence[tuple[float, float]], sparsity: float, name: str) -> float:
+    """The measured loss increase at ``sparsity`` (0 when dense); SearchError when it was not measured."""
+    if sparsity == 0:
+        return 0.0
+    for ratio, loss in measured:
+        if abs(ratio - sparsity) < 1e-9:
+            return loss
+    raise SearchError(f"pruning space: sparsity {sparsity} of {name!r} was not measured "
+                      f"(measured {[r for r, _ in measured]}); start a new study")
+
+
 def _pruning(spec: Mapping[str, Any]) -> PruningSpace:
-    unknown_keys("pruning", spec, ("sparsity", "groups", "method", "granularity", "scope", "shrink", "finetune"))
+    unknown_keys("pruning", spec, ("sparsity", "groups", "method", "granularity", "scope", "shrink", "finetune",
+                                   "prior", "loss_bound"))
     return PruningSpace(**dict(spec))
 
 

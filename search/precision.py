@@ -28,12 +28,14 @@ from ..passes.quantize.quantizer import Quantize
 from ..passes.quantize.zeroed import ZEROED_THRESHOLD, warn_zeroed, zero_fraction
 from ..passes.select import select_nodes
 from .errors import SearchError
+from .priors import BIT_BUDGETS, allocations, allowed_choices, check_prior_args, pick_params, sensitivity_bound
 from .space import SPACES, SearchSpace, TrialPlan, check_choices, unknown_keys
 
 if TYPE_CHECKING:
     import optuna
 
     from ..graph.forge_graph import ForgeGraph
+    from ..passes.analysis.sensitivity_types import SensitivityInfo
 
 __all__ = ["AUTO_FIXED_POINT", "MixedPrecisionSpace", "TUTORIAL_FIXED_POINT"]
 
@@ -61,6 +63,9 @@ class MixedPrecisionSpace(SearchSpace):
         qat: quantization-aware training: quantize before the trial's fine-tune (after pruning), which then
             trains through the quantizers (straight-through gradients) instead of quantizing the trained
             weights afterwards. Every trial fine-tunes, so the task must be able to train.
+        prior: ``"sensitivity"`` (per='layer'): measure each layer's sensitivity once per study, keep each
+            layer's widths within ``loss_bound`` and enqueue sensitivity-ranked allocations (search/priors.py).
+        loss_bound: the estimated loss increase a layer's width may cost (default: half the baseline loss).
     """
 
     kind = "precision"
@@ -68,7 +73,7 @@ class MixedPrecisionSpace(SearchSpace):
     def __init__(self, formats: Mapping[str, Mapping[str, Any]], roles: Sequence[str] = ("data_in", "weight", "bias"),
                  per: Literal["layer", "type"] = "type", targets: Sequence[str] = ("linear",),
                  calibrate: bool = False, lower_int8: bool = False, layers: Sequence[str] = (),
-                 qat: bool = False) -> None:
+                 qat: bool = False, prior: str | None = None, loss_bound: float | None = None) -> None:
         if not isinstance(formats, Mapping) or not formats:
             raise SearchError("precision space: 'formats' must name at least one format")
         self.formats: dict[str, dict[str, tuple[Any, ...]]] = {}
@@ -99,6 +104,12 @@ class MixedPrecisionSpace(SearchSpace):
         self.roles, self.per, self.targets = tuple(roles), per, tuple(targets)
         self.calibrate, self.lower_int8, self.layers = bool(calibrate), bool(lower_int8), tuple(layers)
         self.qat = bool(qat)
+        check_prior_args("precision", prior, loss_bound)
+        self.prior, self.loss_bound = prior, loss_bound
+        self.prior_format = self._prior_format() if prior is not None else None
+        self.widths_by_layer: dict[str, tuple[int, ...]] = {}  # the prior's restriction, set by with_sensitivity
+        self._layer_loss: dict[str, dict[int, float]] = {}
+        self._layer_params: dict[str, int] = {}
 
     def bind(self, graph: ForgeGraph | None) -> MixedPrecisionSpace:
         if graph is not None:
@@ -130,7 +141,8 @@ class MixedPrecisionSpace(SearchSpace):
             fmt = names[0] if len(names) == 1 else trial.suggest_categorical(f"{key}:format", names)
             entry: dict[str, Any] = {"name": fmt}
             for role in self.roles:
-                for param, value in self._sample_role(trial, f"{key}:{fmt}:{role}", fmt).items():
+                for param, value in self._sample_role(trial, f"{key}:{fmt}:{role}", fmt,
+                                                      self._prior_widths(key, fmt, role)).items():
                     entry[f"{role}_{param}"] = value
             config[key] = {"config": entry}
         try:
@@ -183,13 +195,17 @@ class MixedPrecisionSpace(SearchSpace):
         warn_zeroed(f"precision space {dict(self.formats['integer'])} (even its finest choice)", zeroed, stacklevel=4)
         return zeroed
 
-    def _sample_role(self, trial: optuna.trial.BaseTrial, prefix: str, fmt: str) -> dict[str, Any]:
+    def _sample_role(self, trial: optuna.trial.BaseTrial, prefix: str, fmt: str,
+                     widths: tuple[int, ...] | None = None) -> dict[str, Any]:
         """One role's parameters in order, each from the choices the earlier ones leave valid; a restricted
-        parameter's name carries the values that restrict it, so a name always has the same choices."""
+        parameter's name carries the values that restrict it, so a name always has the same choices (the
+        prior's per-layer ``widths`` are fixed for the study, so that restriction keeps the plain name)."""
         chosen: dict[str, Any] = {}
         table = self._allowed[fmt]
         for param, values in self.formats[fmt].items():
             allowed = values if table is None else table[tuple(chosen.values())]
+            if param == "width" and widths is not None:
+                allowed = tuple(v for v in allowed if v in widths) or allowed
             if len(allowed) == 1:
                 chosen[param] = allowed[0]
                 continue
@@ -207,7 +223,95 @@ class MixedPrecisionSpace(SearchSpace):
                 "calibrate": self.calibrate, "lower_int8": self.lower_int8}
         if self.qat:  # only when set, so studies stored before the option existed resume with an equal spec
             spec["qat"] = True
+        if self.prior is not None:
+            spec["prior"] = self.prior
+        if self.loss_bound is not None:
+            spec["loss_bound"] = self.loss_bound
         return spec
+
+    # -- the sensitivity prior (search/priors.py) ------------------------------------------------------------
+    def _prior_format(self) -> str:
+        """The format whose widths the prior allocates: ``integer`` if searched, else the first with int widths."""
+        if self.per != "layer":
+            raise SearchError("precision space: prior='sensitivity' allocates widths per layer: use per='layer'")
+        for fmt in sorted(self.formats, key=lambda f: f != "integer"):
+            if len(self._widths(fmt)) > 1:
+                return fmt
+        raise SearchError("precision space: prior='sensitivity' needs a format with at least two integer 'width' "
+                          f"choices, got {dict(self.formats)}")
+
+    def _prior_widths(self, key: str, fmt: str, role: str) -> tuple[int, ...] | None:
+        """The widths the prior leaves a layer's weight (what the sensitivity measured); None: unrestricted."""
+        return self.widths_by_layer.get(key) if fmt == self.prior_format and role == "weight" else None
+
+    def _widths(self, fmt: str) -> tuple[int, ...]:
+        return tuple(sorted({w for w in self.formats[fmt].get("width", ()) if type(w) is int}))
+
+    def sensitivity_request(self) -> dict[str, Any]:
+        """What sensitivity_analysis_pass must measure for this space: its widths, format and op types."""
+        assert self.prior_format is not None
+        return {"widths": self._widths(self.prior_format), "format": self.prior_format, "targets": self.targets}
+
+    def with_sensitivity(self, info: SensitivityInfo, graph: ForgeGraph | None = None) -> MixedPrecisionSpace:
+        """A copy whose layers keep only the widths within the loss bound (the widest always); SearchError when
+        the measurement does not cover every layer and width (e.g. a study stored for another model)."""
+        assert self.prior_format is not None
+        by_name = {layer.name: layer for layer in info.layers}
+        widths, bound = self._widths(self.prior_format), sensitivity_bound(info, self.loss_bound)
+        shaped = MixedPrecisionSpace.__new__(MixedPrecisionSpace)
+        shaped.__dict__.update(self.__dict__)
+        shaped.widths_by_layer, shaped._layer_loss, shaped._layer_params = {}, {}, {}
+        for key in self.keys():
+            layer = by_name.get(key)
+            if layer is None:
+                raise SearchError(f"precision space: the sensitivity measured has no layer {key!r} (it has "
+                                  f"{sorted(by_name)[:8]}...): it was measured on another model; start a new study")
+            try:
+                loss = {w: layer.delta(w) for w in widths}
+            except KeyError as exc:
+                raise SearchError(f"precision space: {exc.args[0]}; start a new study") from None
+            shaped._layer_loss[key], shaped._layer_params[key] = loss, layer.params
+            shaped.widths_by_layer[key] = allowed_choices(loss, max(widths), bound)
+        return shaped
+
+    def prior_allocations(self) -> list[dict[str, Any]]:
+        """The space's parameters for each sensitivity-ranked width allocation at :data:`BIT_BUDGETS` average
+        weight bits (weighted by each layer's parameter count)."""
+        keys = self.keys()
+        options = [[(w, float(w * self._layer_params[k]), self._layer_loss[k][w]) for w in self.widths_by_layer[k]]
+                   for k in keys]
+        total = sum(self._layer_params[k] for k in keys)
+        return [pick_params(self, _allocation_rule(self.prior_format or "", dict(zip(keys, widths))))
+                for widths in allocations(options, [b * total for b in BIT_BUDGETS])]
+
+
+def _allocation_rule(fmt: str, widths: Mapping[str, int]) -> Any:
+    """Answers a precision space's parameters for one width allocation: the prior's format, the layer's width
+    for its weight and the widest for the other roles (the sensitivity measures weights only), ``"auto"``
+    fraction bits if offered (else the finest for weights and bias, half the width for activations), any
+    other parameter its first choice."""
+    role_widths: dict[str, int] = {}  # the width answered for each layer's role (asked before its frac_width)
+
+    def rule(name: str, choices: Sequence[Any]) -> Any:
+        key, _, rest = name.partition(":")
+        if rest == "format":
+            return fmt
+        role_param = rest.split("|")[0].split(":")[-1]
+        role = next(r for r in sorted(ROLES, key=len, reverse=True) if role_param.startswith(r + "_"))
+        param, ints = role_param[len(role) + 1:], sorted(c for c in choices if type(c) is int)
+        if param == "width":
+            width = widths[key] if role == "weight" else max(ints, default=widths[key])
+            answer = width if width in choices or not ints else next((c for c in ints if c >= width), ints[-1])
+            role_widths[f"{key}:{role}"] = answer if type(answer) is int else widths[key]
+            return answer if answer in choices else choices[0]
+        if param == "frac_width":
+            if AUTO in choices or not ints:
+                return AUTO if AUTO in choices else choices[0]
+            width = role_widths.get(f"{key}:{role}", widths[key])
+            return ints[-1] if role in ("weight", "bias") else min(ints, key=lambda c: abs(c - width / 2))
+        return choices[0]
+
+    return rule
 
 
 def _auto_activation(config: Mapping[str, Any]) -> bool:
@@ -261,7 +365,8 @@ def _allowed_after(fmt: str, choices: Mapping[str, tuple[Any, ...]]) -> dict[tup
 
 
 def _from_spec(spec: Mapping[str, Any]) -> MixedPrecisionSpace:
-    unknown_keys("precision", spec, ("formats", "roles", "per", "targets", "calibrate", "lower_int8", "qat"))
+    unknown_keys("precision", spec, ("formats", "roles", "per", "targets", "calibrate", "lower_int8", "qat",
+                                     "prior", "loss_bound"))
     if "formats" not in spec:
         raise SearchError("precision space needs 'formats'")
     return MixedPrecisionSpace(**dict(spec))
