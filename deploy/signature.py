@@ -17,7 +17,9 @@ checks become torch.export dims instead:
   batch 1 (the benchmark's 1x128) as one of its two check shapes.
 
 ``Dim.AUTO`` lets torch.export keep static what the program's code fixes; the axes reported dynamic are read
-back from the exported program, never assumed from what was asked.
+back from the exported program, never assumed from what was asked. So are the outputs' dynamic axes: an output
+axis whose size is an input axis's symbol follows that axis (logits' batch follows ``input_ids[0]``) and gets its
+label and range (:func:`manifest_axes`, what deploy.json records).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,10 +39,10 @@ from torch.export import Dim
 
 from ..graph.forge_graph import ForgeGraph
 from ..graph.guards import check_input_shapes
-from .manifest import DeployError
+from .manifest import AxisRange, DeployError
 
-__all__ = ["InferenceSignature", "DeployProgram", "inference_signature", "export_program", "LOSS_OUTPUTS",
-           "TRAINING_INPUTS", "torch_noise_ignored"]
+__all__ = ["InferenceSignature", "DeployProgram", "inference_signature", "export_program", "manifest_axes",
+           "LOSS_OUTPUTS", "TRAINING_INPUTS", "torch_noise_ignored"]
 
 TRAINING_INPUTS = ("labels",)
 LOSS_OUTPUTS = ("loss",)
@@ -70,13 +72,16 @@ class InferenceSignature:
 @dataclass
 class DeployProgram:
     """A signature exported by torch.export, and the axes that really are dynamic in it (``{input: {axis:
-    label}}``) with the range torch.export recorded for each; ``static`` explains the asked axes kept static."""
+    label}}``) with the range torch.export recorded for each; ``static`` explains the asked axes kept static.
+    ``output_axes`` maps each output's dynamic axes to the input axis they follow (``{"logits": {0:
+    ("input_ids", 0)}}``)."""
 
     program: torch.export.ExportedProgram
     signature: InferenceSignature
     dynamic_axes: dict[str, dict[int, str]]
     axis_ranges: dict[tuple[str, int], tuple[int, int | None]]
     static: tuple[str, ...]
+    output_axes: dict[str, dict[int, tuple[str, int]]] = field(default_factory=dict)
 
 
 @contextmanager
@@ -255,14 +260,63 @@ def export_program(sig: InferenceSignature, dynamic_batch: bool, dynamic_seq: bo
     except Exception as exc:  # torch.export's own errors name the op or guard it could not trace
         raise DeployError(f"torch.export could not export the inference graph ({type(exc).__name__}: "
                           f"{str(exc)[:800]})") from exc
-    dynamic, exported = _dynamic_axes(ep, sig.input_names, asked)
-    # torch.export records its tracing range (>= 2 after 0/1 specialisation) but accepts the asked minimum.
-    ranges = {key: (asked_lo[key], _upper(hi, asked_hi[key])) for key, (_, hi) in exported.items() if key in asked}
+    dynamic, exported, symbols = _dynamic_axes(ep, sig.input_names, asked)
+    # torch.export records its tracing range (>= 2 after 0/1 specialisation) but accepts the asked minimum. Axes
+    # sharing one symbol (input_ids' and attention_mask's sequence) take the intersection of what was asked.
+    shared: dict[Any, tuple[int, int | None]] = {}
+    for key, (_, hi) in exported.items():
+        if key in asked:
+            lo, up = shared.get(symbols[key], (0, None))
+            shared[symbols[key]] = (max(lo, asked_lo[key]), _upper(up, _upper(hi, asked_hi[key])))
+    ranges = {key: shared[symbols[key]] for key in exported if key in asked}
     for key, label in asked.items():
         if key not in ranges:
             static.append(f"{key[0]} axis {key[1]} ({label}) static: torch.export specialised it to the example's "
                           f"{sig.example_inputs[key[0]].shape[key[1]]}")
-    return DeployProgram(ep, sig, dynamic, ranges, tuple(static))
+    return DeployProgram(ep, sig, dynamic, ranges, tuple(static), _output_axes(ep, sig, dynamic))
+
+
+def manifest_axes(program: DeployProgram) -> tuple[dict[str, dict[int, str]], dict[str, dict[int, AxisRange]]]:
+    """The manifest's ``dynamic_axes`` and ``axis_ranges``: every dynamic input axis with its range, then every
+    output axis that follows one (same label and range, ``follows`` naming the input axis)."""
+    labels = {name: dict(axes) for name, axes in program.dynamic_axes.items()}
+    ranges: dict[str, dict[int, AxisRange]] = {}
+    for (name, axis), (lo, hi) in program.axis_ranges.items():
+        if axis in program.dynamic_axes.get(name, {}):
+            ranges.setdefault(name, {})[axis] = AxisRange(lo, hi)
+    for out, axes in program.output_axes.items():
+        for axis, (name, in_axis) in axes.items():
+            r = ranges.get(name, {}).get(in_axis)
+            if r is None:
+                continue
+            labels.setdefault(out, {})[axis] = program.dynamic_axes[name][in_axis]
+            ranges.setdefault(out, {})[axis] = AxisRange(r.min, r.max, f"{name}[{in_axis}]")
+    return labels, ranges
+
+
+def _output_axes(ep: torch.export.ExportedProgram, sig: InferenceSignature, dynamic: dict[str, dict[int, str]]
+                 ) -> dict[str, dict[int, tuple[str, int]]]:
+    """Each output's axes whose size is exactly a dynamic input axis's symbol, mapped to that (input, axis); an
+    axis of a derived size (``2 * seq``) is left out."""
+    user_in = torch.export.graph_signature.InputKind.USER_INPUT
+    user_out = torch.export.graph_signature.OutputKind.USER_OUTPUT
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    symbols: dict[Any, tuple[str, int]] = {}
+    in_specs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == user_in]
+    for name, node_name in zip(sig.input_names, in_specs, strict=True):
+        shape = getattr(placeholders[node_name].meta.get("val"), "shape", ())
+        for axis in sorted(dynamic.get(name, {})):
+            symbols.setdefault(shape[axis].node.expr, (name, axis))
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    produced = {n.name: n for n in out_node.all_input_nodes}
+    out_specs = [s.arg.name for s in ep.graph_signature.output_specs if s.kind == user_out]
+    axes: dict[str, dict[int, tuple[str, int]]] = {}
+    for name, arg in zip(sig.output_names, out_specs, strict=False):
+        node = produced.get(arg)
+        for axis, size in enumerate(getattr(node.meta.get("val") if node is not None else None, "shape", ())):
+            if isinstance(size, torch.SymInt) and size.node.expr in symbols:
+                axes.setdefault(name, {})[axis] = symbols[size.node.expr]
+    return axes
 
 
 def _upper(a: int | None, b: int | None) -> int | None:
@@ -280,18 +334,22 @@ def _bounds(vr: Any) -> tuple[int, int | None]:
 
 
 def _dynamic_axes(ep: torch.export.ExportedProgram, names: tuple[str, ...], asked: dict[tuple[str, int], str]
-                  ) -> tuple[dict[str, dict[int, str]], dict[tuple[str, int], tuple[int, int | None]]]:
-    """The input axes that are symbols in ``ep`` (labelled as asked) and the range torch.export recorded."""
+                  ) -> tuple[dict[str, dict[int, str]], dict[tuple[str, int], tuple[int, int | None]],
+                             dict[tuple[str, int], Any]]:
+    """The input axes that are symbols in ``ep`` (labelled as asked), the range torch.export recorded and the
+    symbol of each."""
     user_kind = torch.export.graph_signature.InputKind.USER_INPUT
     user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == user_kind]
     by_node = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     dynamic: dict[str, dict[int, str]] = {}
     ranges: dict[tuple[str, int], tuple[int, int | None]] = {}
+    symbols: dict[tuple[str, int], Any] = {}
     for name, node_name in zip(names, user, strict=True):
         val = by_node[node_name].meta.get("val")
         for axis, size in enumerate(getattr(val, "shape", ())):
             if not isinstance(size, torch.SymInt) or size.node.expr.is_number:
                 continue
             ranges[(name, axis)] = _bounds(ep.range_constraints.get(size.node.expr))
+            symbols[(name, axis)] = size.node.expr
             dynamic.setdefault(name, {})[axis] = asked.get((name, axis), f"dim{axis}")
-    return dynamic, ranges
+    return dynamic, ranges, symbols

@@ -9,7 +9,8 @@ from conftest import bert_inputs, make_gpt, make_tiny_bert
 from hf_tiny import INPUT_NAMES, hf_inputs, tiny_hf
 
 from fxforge import ForgeGraph
-from fxforge.deploy.signature import export_program, inference_signature
+from fxforge.deploy.manifest import AxisRange
+from fxforge.deploy.signature import export_program, inference_signature, manifest_axes
 from fxforge.graph.guards import check_input_shapes
 
 
@@ -40,6 +41,10 @@ def test_dynamic_axes_from_the_guard_and_batch_one(bert: ForgeGraph) -> None:
     assert program.axis_ranges[("input_ids", 0)] == (1, None)  # no guard on the batch: 1 asked and accepted
     assert program.axis_ranges[("input_ids", 1)] == (2, 64)  # the guard's proven range, not widened to 1
     assert program.static == ()
+    assert program.output_axes == {"logits": {0: ("input_ids", 0)}}  # logits' batch follows the input's
+    labels, ranges = manifest_axes(program)
+    assert labels["logits"] == {0: "batch"} and ranges["logits"] == {0: AxisRange(1, None, "input_ids[0]")}
+    assert ranges["attention_mask"] == {0: AxisRange(1, None), 1: AxisRange(2, 64)}
     assert not any("check_input_shapes" in str(n.target) for n in program.program.graph.nodes)
     run = program.program.module()
     for batch, seq in ((1, 7), (1, 64), (4, 2)):
@@ -75,6 +80,7 @@ def test_fx_gpt_sequence_bound_proven_by_torch_export() -> None:
     program = export_program(sig, dynamic_batch=True, dynamic_seq=True)
     assert program.dynamic_axes == {"idx": {0: "batch", 1: "seq"}}
     assert program.axis_ranges[("idx", 1)] == (1, 32)  # the model's sequence_length, from its rotary tables
+    assert program.output_axes == {"output_0": {0: ("idx", 0), 1: ("idx", 1)}}
     idx = torch.randint(0, 64, (1, 5))
     with torch.no_grad():
         (got,) = program.program.module()(idx)
