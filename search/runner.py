@@ -23,6 +23,7 @@ from ..pipelines import Pipeline
 from .checks import check_run_settings
 from .errors import SearchError
 from .objectives import Constraint, Objective, measure_objectives, resolve_objectives
+from .prefix_cache import PrefixCache, open_prefix_cache
 from .progress import OptunaLogsAboveBar
 from .samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler, study_seed
 from .space import SearchSpace, TrialPlan
@@ -99,15 +100,22 @@ def plan_pipelines(plan: TrialPlan, task: Task | None, graph: ForgeGraph,
 
 
 def run_plan(graph: ForgeGraph, plan: TrialPlan, pipelines: tuple[Pipeline | None, Pipeline | None],
-             task: Task | None, trial: optuna.Trial | None = None) -> ForgeGraph:
+             task: Task | None, trial: optuna.Trial | None = None, cache: PrefixCache | None = None,
+             notes: dict[str, Any] | None = None) -> ForgeGraph:
     """The plan on ``graph``: the steps before training, the fine-tune (reporting to ``trial`` if given),
-    the steps after it (one place for a trial and for its rebuild)."""
+    the steps after it (one place for a trial and for its rebuild). With ``cache`` the graph after the
+    fine-tune comes from an entry of the same prefix when one exists (``notes["prefix_cache"]`` says so)."""
     before, after = pipelines
-    graph = apply_steps(graph, before)
-    if plan.train:
-        if task is None:
-            raise SearchError("this space fine-tunes every trial: pass a task that can train")
-        task.train(graph, trial)
+
+    def prefix(graph: ForgeGraph, trial: Any) -> ForgeGraph:
+        graph = apply_steps(graph, before)
+        if plan.train:
+            if task is None:
+                raise SearchError("this space fine-tunes every trial: pass a task that can train")
+            task.train(graph, trial)
+        return graph
+
+    graph = cache.run(graph, plan, task, trial, prefix, notes) if cache is not None else prefix(graph, trial)
     return apply_steps(graph, after)
 
 
@@ -152,6 +160,8 @@ class Search:
         enqueue: parameter sets evaluated first (Optuna's ``enqueue_trial``), e.g. the configuration one would
             pick by hand, to compare with what the search finds; checked against the space before anything
             runs, and skipped on resume when the study already holds them.
+        prefix_cache: where trials that differ only after their fine-tune share its result (search/prefix_cache.py):
+            True (``run_dir/prefix-cache``), a directory, a PrefixCache (e.g. with another size cap), or None.
     """
 
     space: SearchSpace
@@ -173,6 +183,7 @@ class Search:
     on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
     config_json: str | None = None
     enqueue: Sequence[Mapping[str, Any]] = ()
+    prefix_cache: str | Path | PrefixCache | bool | None = True
 
     def __post_init__(self) -> None:
         self._objectives = resolve_objectives(self.objectives)
@@ -190,6 +201,7 @@ class Search:
         if self.space.needs_graph and self.base is None:
             raise SearchError(f"a {self.space.kind} space starts every trial from a base graph: pass base=")
         self.run_dir = Path(self.run_dir)
+        self._prefix_cache = open_prefix_cache(self.prefix_cache, self.run_dir, self.base)
         self.storage_spec().check_file(self.run_dir)  # a malformed URL or unwritable file: refused before any trial
         self._bound = self.space.bind(self.base)
         self._baseline: dict[str, float] = {}
@@ -294,11 +306,13 @@ class Search:
         graph = self.start_graph(plan)
         pipelines = plan_pipelines(plan, self.task, graph, f"trial {trial.number}")
         t2 = time.perf_counter()
-        graph = run_plan(graph, plan, pipelines, self.task, trial if len(self._objectives) == 1 else None)
+        ran: dict[str, Any] = {}  # e.g. ran["prefix_cache"]: "hit" or "miss"
+        graph = run_plan(graph, plan, pipelines, self.task, trial if len(self._objectives) == 1 else None,
+                         self._prefix_cache, ran)
         t3 = time.perf_counter()
         values, notes = measure_objectives(self._objectives, graph, self.task)
         t4 = time.perf_counter()
-        result: dict[str, Any] = {"values": values,
+        result: dict[str, Any] = {"values": values, **ran,
                                   "timing_s": {"sample": t1 - t0, "build": t2 - t1, "run": t3 - t2, "measure": t4 - t3}}
         if notes:  # e.g. notes["latency_ms"]["timed"]: "lowered" or "simulated"
             result["notes"] = notes
