@@ -8,7 +8,9 @@ Artifacts (benchmarks/deploy_runtimes.py builds them): the fp32 graph exported t
 (QDQ, per-channel, MatMul/Gemm, min-max on ``--calib`` training reviews) of that export; fxforge's int8 QDQ
 artifact (every Linear int8, activations calibrated on the same reviews); the search's best point (``--best``)
 as QDQ, or when its formats are refused, its pruned + shrunk FFN with the same int8 linears; an AOTInductor
-package; torch.ao dynamic int8 for reference. Printed, in one run (interleaved rounds, medians): the CPU and
+package; torch.ao dynamic int8 for reference. Each runtime is timed in its own worker process
+(runtime_workers.py; ``--in-process`` times them all in this one, where ORT's and torch's thread pools contend).
+Printed, in one run (interleaved rounds, medians): the CPU and
 threads, then per shape (batch 8 x 128 and 1 x 128 tokens) each artifact's latency and its ratio to fp32
 eager, its bytes and their ratio to the fp32 ONNX file, its accuracy on ``--eval`` held-out reviews and the
 difference to the accuracy of the fxforge graph it came from; last, the issue's targets as met / not met.
@@ -41,6 +43,7 @@ import torch  # noqa: E402
 from fxforge.benchmarks import deploy_runtimes as rt  # noqa: E402
 from fxforge.benchmarks.bench_minilm_lowered import cpu_model, fine_tuned  # noqa: E402
 from fxforge.benchmarks.minilm_ship import disk_bytes, prune_ffn  # noqa: E402
+from fxforge.benchmarks.runtime_workers import RuntimeWorker, save_inputs  # noqa: E402
 from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 
@@ -57,6 +60,7 @@ class Variant:
     bytes: int | None
     reference: str
     how: str = ""
+    spec: dict[str, Any] = field(default_factory=dict)  # how a runtime worker loads it (runtime_workers.py)
     accuracy: float = float("nan")
     median_ms: dict[str, float] = field(default_factory=dict)
 
@@ -127,24 +131,28 @@ def build(args: argparse.Namespace, work: Path, log: Log) -> tuple[dict[str, Var
     log(f"fp32 ONNX: {how}, {rt.artifact_bytes(fp32_path)} bytes")
     fp32_bytes = rt.artifact_bytes(fp32_path)
     variants: dict[str, Variant] = {
-        EAGER: Variant(rt.eager_runner(base.model), None, "fp32 graph", f"{disk_bytes(base) / 1e6:.1f} MB weights"),
-        "ORT fp32": Variant(rt.ort_session(fp32_path), fp32_bytes, "fp32 graph", how)}
+        EAGER: Variant(rt.eager_runner(base.model), None, "fp32 graph", f"{disk_bytes(base) / 1e6:.1f} MB weights",
+                       {"kind": "eager", "path": str(args.model)}),
+        "ORT fp32": Variant(rt.ort_session(fp32_path), fp32_bytes, "fp32 graph", how, ort_spec(fp32_path))}
     for name, kind in zip(ORT_OWN, ("dynamic", "dynamic-matmul", "static")):
         path = rt.ort_quantize(fp32_path, work / f"ort-{kind}.onnx", kind, calib)
-        variants[name] = Variant(rt.ort_session(path), rt.artifact_bytes(path), "fp32 graph", kind)
+        variants[name] = Variant(rt.ort_session(path), rt.artifact_bytes(path), "fp32 graph", kind, ort_spec(path))
         log(f"{name}: {rt.artifact_bytes(path)} bytes")
     qdq, how = rt.export_qdq_onnx(graphs["fxforge int8 graph"], work / "int8")
     log(f"{FXFORGE_INT8}: {how}")
     if qdq is not None:
-        variants[FXFORGE_INT8] = Variant(rt.ort_session(qdq), rt.artifact_bytes(qdq), "fxforge int8 graph", how)
+        variants[FXFORGE_INT8] = Variant(rt.ort_session(qdq), rt.artifact_bytes(qdq), "fxforge int8 graph", how,
+                                         ort_spec(qdq))
     shrunk_point(args, base, task, graphs, variants, log, work)
     pt2, names = rt.export_aoti_package(base, work / "aoti")
     log(f"AOTInductor: fxforge.deploy.export_aoti, {rt.artifact_bytes(pt2)} bytes")
-    variants[AOTI] = Variant(rt.aoti_runner(pt2, names), rt.artifact_bytes(pt2), "fp32 graph", "export_aoti")
+    variants[AOTI] = Variant(rt.aoti_runner(pt2, names), rt.artifact_bytes(pt2), "fp32 graph", "export_aoti",
+                             {"kind": "aoti", "path": str(pt2), "names": list(names)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ao = torch.ao.quantization.quantize_dynamic(copy.deepcopy(base.model), {torch.nn.Linear}, dtype=torch.qint8)
-    variants["torch.ao dynamic int8"] = Variant(rt.eager_runner(ao), None, "fp32 graph", "eager, not an artifact")
+    variants["torch.ao dynamic int8"] = Variant(rt.eager_runner(ao), None, "fp32 graph", "eager, not an artifact",
+                                                {"kind": "ao", "path": str(args.model)})
     acc = {name: accuracy(rt.eager_runner(g.model), task.eval_batches()) for name, g in graphs.items()}
     variants[EAGER].accuracy = acc["fp32 graph"]  # the same module: measured once
     log("fxforge graphs' accuracies: " + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()))
@@ -165,7 +173,7 @@ def shrunk_point(args: argparse.Namespace, base: ForgeGraph, task: Any, graphs: 
     if path is not None:
         graphs["best graph"] = best
         variants["best point ONNX QDQ (as is)"] = Variant(rt.ort_session(path), rt.artifact_bytes(path),
-                                                          "best graph", how)
+                                                          "best graph", how, ort_spec(path))
     log(f"best point as is, ONNX QDQ: {how}")
     widths, full = ffn_widths(best), ffn_widths(base)
     sparsity = 1 - widths[0] / full[0]
@@ -180,20 +188,45 @@ def shrunk_point(args: argparse.Namespace, base: ForgeGraph, task: Any, graphs: 
     log(f"{SHRUNK}: {how}")
     if path is None:
         return
-    variants[SHRUNK] = Variant(rt.ort_session(path), rt.artifact_bytes(path), "shrunk int8 graph", how)
+    variants[SHRUNK] = Variant(rt.ort_session(path), rt.artifact_bytes(path), "shrunk int8 graph", how,
+                               ort_spec(path))
 
 
-def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rounds: int) -> None:
-    """Interleaved medians of every timed variant at each batch size (held-out reviews, --length tokens)."""
+def ort_spec(path: Path) -> dict[str, Any]:
+    return {"kind": "ort", "path": str(path)}
+
+
+def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rounds: int, work: Path,
+                in_process: bool = False) -> None:
+    """Interleaved medians of every timed variant at each batch size (held-out reviews, --length tokens): each
+    runtime in its own worker process (runtime_workers.py), or all in this one with ``in_process``."""
     first = task.eval_batches()[0][0]
+    shapes: dict[str, dict[str, torch.Tensor]] = {}
     for b in batches:
-        inputs = {k: v[:b] for k, v in first.items()}
-        if inputs["input_ids"].shape[0] < b:
+        shapes[f"{b}x"] = {k: v[:b] for k, v in first.items()}
+        if shapes[f"{b}x"]["input_ids"].shape[0] < b:
             raise SystemExit(f"batch {b} needs at least that many held-out reviews (--eval)")
-        with torch.no_grad():
-            times = interleaved({k: functools.partial(v.run, **inputs) for k, v in variants.items()}, rounds)
-        for k, t in times.medians().items():
-            variants[k].median_ms[f"{b}x"] = t * 1e3
+    if in_process:
+        for shape, inputs in shapes.items():
+            with torch.no_grad():
+                times = interleaved({k: functools.partial(v.run, **inputs) for k, v in variants.items()}, rounds)
+            for k, t in times.medians().items():
+                variants[k].median_ms[shape] = t * 1e3
+        return
+    files = {shape: str(save_inputs(inputs, work / f"inputs-{shape}.safetensors")) for shape, inputs in shapes.items()}
+    workers: dict[str, RuntimeWorker] = {}
+    try:
+        for name, v in variants.items():
+            workers[name] = RuntimeWorker({**v.spec, "threads": torch.get_num_threads(), "inputs": files})
+        for w in workers.values():
+            w.wait_ready()
+        for shape in shapes:
+            times = interleaved({k: functools.partial(w.time, shape) for k, w in workers.items()}, rounds)
+            for k, t in times.medians().items():
+                variants[k].median_ms[shape] = t * 1e3
+    finally:
+        for w in workers.values():
+            w.close()
 
 
 def report(args: argparse.Namespace, variants: dict[str, Variant], acc: dict[str, float], fp32_bytes: int,
@@ -260,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="8,1", help="batch sizes timed (comma-separated)")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="time every runtime in this process (default: each in its own worker process)")
     parser.add_argument("--quick", action="store_true", help="64 reviews, 32 calibration reviews, 3 rounds")
     parser.add_argument("--keep", default=None, help="keep the artifacts in this directory")
     parser.add_argument("--json", default=None, help="also write the numbers here")
@@ -276,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         variants, acc, task = build(args, work, log)
         fp32_bytes = variants["ORT fp32"].bytes or 1
-        time_shapes(variants, task, batches, args.rounds)
+        time_shapes(variants, task, batches, args.rounds, work, args.in_process)
         log(f"timed {len(variants)} variants at batches {batches}, {args.rounds} rounds")
         for v in variants.values():
             if v.accuracy != v.accuracy:  # NaN: not measured yet

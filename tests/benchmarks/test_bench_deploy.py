@@ -36,7 +36,7 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
 
     fp32, best = checkpoints
     keep, out = tmp_path / "artifacts", tmp_path / "r.json"
-    code = main(["--model", str(fp32), "--best", str(best), "--quick", "--eval", "16", "--calib", "16",
+    code = main(["--model", str(fp32), "--best", str(best), "--quick", "--in-process", "--eval", "16", "--calib", "16",
                  "--length", "16", "--rounds", "1", "--keep", str(keep), "--json", str(out)])
     text, res = capsys.readouterr().out, json.loads(out.read_text())
     assert code == 0 and text.startswith("CPU: ") and "threads" in text.splitlines()[0]
