@@ -123,8 +123,6 @@ class PruningSpace(SearchSpace):
     def with_sensitivity(self, info: SensitivityInfo, graph: ForgeGraph | None) -> PruningSpace:
         """A copy whose groups keep only the sparsities within the loss bound (the smallest always); a group's
         loss at a sparsity sums its kind's measured groups (every attention for ``head``, every FFN for ``ffn``)."""
-        from ..passes.select import select_nodes
-
         shaped = PruningSpace.__new__(PruningSpace)
         shaped.__dict__.update(self.__dict__)
         shaped.sparsity_by_group, shaped._group_loss, shaped._group_params = {}, {}, {}
@@ -137,9 +135,7 @@ class PruningSpace(SearchSpace):
             loss = {s: sum(_prune_loss(g.prune, s, g.name) for g in measured) for s in self.sparsity}
             shaped._group_loss[group] = loss
             shaped.sparsity_by_group[group] = allowed_choices(loss, min(self.sparsity), bound)
-            modules = [] if graph is None else select_nodes(graph.model, selector, modules_only=True)
-            weights = (getattr(m, "weight", None) for _, _, m, _ in modules)
-            shaped._group_params[group] = sum(w.numel() for w in weights if isinstance(w, torch.Tensor)) or 1
+            shaped._group_params[group] = _weight_count(graph, [p for g in measured for p in g.layers], selector)
         return shaped
 
     def prior_allocations(self) -> list[dict[str, Any]]:
@@ -219,6 +215,27 @@ class JointSpace(SearchSpace):
 
 
 _KINDS = {"head": "heads", "ffn": "ffn"}  # pruning granularity -> the sensitivity group kind it prunes
+
+
+def _weight_count(graph: ForgeGraph | None, paths: Sequence[str], selector: Any) -> int:
+    """Weights a group prunes from: those of the measured groups' layers, else of the layers its selector
+    selects (1 without a graph: groups then weigh the same)."""
+    from ..passes.select import select_nodes
+
+    if graph is None:
+        return 1
+    modules = [graph.model.get_submodule(p) for p in paths if _has_module(graph, p)] if paths else \
+        [m for _, _, m, _ in select_nodes(graph.model, selector, modules_only=True)]
+    weights = (getattr(m, "weight", None) for m in modules)
+    return sum(w.numel() for w in weights if isinstance(w, torch.Tensor)) or 1
+
+
+def _has_module(graph: ForgeGraph, path: str) -> bool:
+    try:
+        graph.model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def _prune_loss(measured: Sequence[tuple[float, float]], sparsity: float, name: str) -> float:

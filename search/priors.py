@@ -167,12 +167,13 @@ def measure(space: SearchSpace, base: ForgeGraph, task: Task) -> SensitivityInfo
     sensitivity = PASSES.get(SENSITIVITY_PASS)
     if sensitivity is None:
         raise SearchError(f"prior='sensitivity' needs {SENSITIVITY_PASS}, which this build does not register")
-    args: dict[str, Any] = {"method": METHOD, "prune_ratios": ()}  # a pruning space asks for its ratios
+    args: dict[str, Any] = {"method": METHOD, "widths": (8,), "prune_ratios": ()}  # what no prior space asks: least
     for s in prior_spaces(space):
         args.update(s.sensitivity_request())
-    graph = base.copy()
-    data, loss_fn = task.calibration(graph.model)
-    _, info = sensitivity(graph, {**args, "data": data, "loss_fn": loss_fn})
+    # labels inside each batch: the pass's default cross-entropy reads them from the batch (the pass splits
+    # batches into samples for the Fisher, so a loss_fn keyed by the batch object would not find them)
+    data = [{**inputs, "labels": labels} for inputs, labels in task.calibration_batches()]
+    _, info = sensitivity(base.copy(), {**args, "data": data})
     if not isinstance(info, SensitivityInfo):
         raise SearchError(f"{SENSITIVITY_PASS} returned {type(info).__name__}, not SensitivityInfo")
     return info
