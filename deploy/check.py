@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from ..graph.atomic import dumps_json, loads_json
 from ..graph.targets import CheckpointError
-from .manifest import ARTIFACT_FILES, FORMATS, DeployCheck, DeployError, ShapeCheck
+from .manifest import ARTIFACT_FILES, FORMATS, AxisRange, DeployCheck, DeployError, ShapeCheck
 
 __all__ = ["CheckCase", "check_artifact", "check_summary", "RUNNER", "BOUND_KINDS"]
 
@@ -50,10 +50,14 @@ class CheckCase:
 
 
 def check_artifact(out_dir: Path, fmt: str, cases: Sequence[CheckCase], bound: float, bound_kind: str,
-                   step: float = 1.0, timeout: float = 900.0) -> DeployCheck:
+                   step: float = 1.0, timeout: float = 900.0,
+                   ranges: Mapping[str, Mapping[int, AxisRange]] | None = None,
+                   labels: Mapping[str, Mapping[int, str]] | None = None) -> DeployCheck:
     """Run ``out_dir``'s artifact of format ``fmt`` on every case in a fresh process without fxforge and
     compare its outputs with the expected ones. ``bound_kind`` ``"relative"``: error = max over outputs of
     max |runtime - expected| / max |expected|; ``"quant_steps"``: max |runtime - expected| / ``step``.
+    ``ranges`` (the manifest's ``axis_ranges``, axes labelled by ``labels``) go to the runner, which refuses a
+    case whose input axis is outside them, as a consumer's loader should.
     Returns the check (``passed`` False when a case's error exceeds ``bound`` or fxforge was importable);
     raises DeployError when the artifact cannot be run or its outputs are missing, misshapen or non-finite."""
     if fmt not in FORMATS:
@@ -73,7 +77,11 @@ def check_artifact(out_dir: Path, fmt: str, cases: Sequence[CheckCase], bound: f
         raise DeployError(f"check: {artifact} does not exist (export the {fmt} artifact first)")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fxforge-check-") as tmp:
-        doc = _run(Path(tmp), fmt, artifact, cases, inputs, outputs, timeout)
+        spec = {"dynamic_axes": {n: {str(a): lab for a, lab in axes.items()} for n, axes in (labels or {}).items()
+                                 if n in inputs},
+                "axis_ranges": {n: {str(a): {"min": r.min, "max": r.max} for a, r in axes.items()}
+                                for n, axes in (ranges or {}).items() if n in inputs}}
+        doc = _run(Path(tmp), fmt, artifact, cases, inputs, outputs, timeout, spec)
     seconds = time.perf_counter() - start
     runtime = doc["runtime"]
     shapes = []
@@ -97,7 +105,7 @@ def check_summary(check: DeployCheck) -> str:
 
 
 def _run(tmp: Path, fmt: str, artifact: Path, cases: Sequence[CheckCase], inputs: list[str], outputs: list[str],
-         timeout: float) -> dict[str, Any]:
+         timeout: float, spec: dict[str, Any]) -> dict[str, Any]:
     """Write the cases under ``tmp``, run the runner and return its validated JSON document."""
     cases_dir, work = tmp / "cases", tmp / "work"
     cases_dir.mkdir()
@@ -106,7 +114,7 @@ def _run(tmp: Path, fmt: str, artifact: Path, cases: Sequence[CheckCase], inputs
         save_file({k: _plain(v) for k, v in case.inputs.items()}, str(cases_dir / f"case{i}_inputs.safetensors"))
         save_file({k: _plain(v) for k, v in case.expected.items()}, str(cases_dir / f"case{i}_expected.safetensors"))
     (cases_dir / "cases.json").write_bytes(
-        dumps_json({"inputs": inputs, "outputs": outputs, "cases": len(cases)}, "cases.json"))
+        dumps_json({"inputs": inputs, "outputs": outputs, "cases": len(cases), **spec}, "cases.json"))
     env = {key: os.environ[key] for key in KEEP_ENV if key in os.environ}
     cmd = [sys.executable, "-I", str(RUNNER), "--format", fmt, "--artifact", str(artifact),
            "--cases", str(cases_dir)]

@@ -57,14 +57,31 @@ def fxforge_importable() -> bool:
     return True
 
 
-def _load_cases(cases_dir: Path) -> tuple[list[str], list[str], list[tuple[dict, dict]]]:
+def check_ranges(feeds: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """ValueError naming the input, axis, size and range when a feed's dynamic axis is outside the sizes
+    ``manifest`` (a deploy.json document, or the check's cases.json) records in ``axis_ranges``; a runtime would
+    otherwise fail deep in the graph or compute outside what was checked. Manifests without ranges pass."""
+    labels, ranges = manifest.get("dynamic_axes", {}), manifest.get("axis_ranges", {})
+    for name, axes in ranges.items():
+        if name not in feeds:
+            continue
+        shape = list(feeds[name].shape)
+        for axis, r in axes.items():
+            size, lo, hi = shape[int(axis)], int(r["min"]), r["max"]
+            if size < lo or (hi is not None and size > int(hi)):
+                label = labels.get(name, {}).get(axis, f"dim{axis}")
+                raise ValueError(f"input {name!r} axis {axis} ({label}) has size {size}, outside the artifact's "
+                                 f"range {lo}..{'' if hi is None else hi} (deploy.json's axis_ranges)")
+
+
+def _load_cases(cases_dir: Path) -> tuple[list[str], list[str], list[tuple[dict, dict]], dict[str, Any]]:
     from safetensors.torch import load_file
 
     spec = json.loads((cases_dir / "cases.json").read_text())
     inputs, outputs = list(spec["inputs"]), list(spec["outputs"])
     cases = [(load_file(str(cases_dir / f"case{i}_inputs.safetensors")),
               load_file(str(cases_dir / f"case{i}_expected.safetensors"))) for i in range(int(spec["cases"]))]
-    return inputs, outputs, cases
+    return inputs, outputs, cases, {k: spec.get(k, {}) for k in ("dynamic_axes", "axis_ranges")}
 
 
 def _onnx_runner(artifact: Path, input_names: list[str], output_names: list[str]) -> tuple[str, Any]:
@@ -151,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {"fxforge_importable": fxforge_importable()}
     try:
-        input_names, output_names, cases = _load_cases(args.cases)
+        input_names, output_names, cases, ranges = _load_cases(args.cases)
         make = {"onnx": _onnx_runner, "aoti": _aoti_runner, "pte": _pte_runner}[args.format]
         doc["runtime"], run = make(args.artifact, input_names, output_names)
         doc["cases"] = []
         for feeds, expected in cases:
+            check_ranges(feeds, ranges)
             got = run(feeds)
             doc["cases"].append([_compare(name, got.get(name), expected[name]) for name in output_names])
     except Exception as exc:  # reported to the parent, which raises it as a DeployError

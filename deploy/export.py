@@ -29,9 +29,10 @@ from ..passes.quantize.quantizer import iter_quantizers
 from .aoti import write_aoti
 from .manifest import ARTIFACT_FILES, DeployCheck, DeployError, DeployManifest, write_manifest
 from .onnx_float import ort_failure, write_onnx
+from .onnx_ranges import guard_ranges_file
 from .output_dir import StagedDir, check_output_dir
 from .qdq import dedicate_dq_file, output_step, to_qdq
-from .signature import DeployProgram, InferenceSignature, export_program, inference_signature
+from .signature import DeployProgram, InferenceSignature, export_program, inference_signature, manifest_axes
 
 __all__ = ["export_onnx", "export_aoti", "check_ops", "check_cases", "FLOAT_BOUND", "QUANT_STEP_BOUND",
            "RUNTIME_NAMESPACES"]
@@ -84,16 +85,18 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
     try:
         artifact = staged.path / ARTIFACT_FILES[fmt]
         program = _write(fmt, signature, artifact, dynamic_batch, dynamic_seq, qdq=bound_kind == "quant_steps")
+        labels, ranges = manifest_axes(program)
         result: DeployCheck | None = None
         if check:
             from .check import check_artifact
 
-            result = check_artifact(staged.path, fmt, check_cases(program, reference), bound, bound_kind, step)
+            result = check_artifact(staged.path, fmt, check_cases(program, reference), bound, bound_kind, step,
+                                    ranges=ranges, labels=labels)
         manifest = DeployManifest(
             format=fmt, artifact=ARTIFACT_FILES[fmt],
             artifact_bytes=sum(p.stat().st_size for p in staged.path.iterdir() if p.is_file()),
-            inputs=signature.input_names, outputs=signature.output_names, dynamic_axes=program.dynamic_axes,
-            quantization=quantization, source=source, check=result)
+            inputs=signature.input_names, outputs=signature.output_names, dynamic_axes=labels,
+            quantization=quantization, source=source, check=result, axis_ranges=ranges)
         write_manifest(staged.path, manifest)
         out = staged.commit()
     except BaseException:
@@ -133,6 +136,7 @@ def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batc
         write_onnx(program, artifact)
         if qdq:
             dedicate_dq_file(artifact)
+        guard_ranges_file(artifact, _input_ranges(program), program.dynamic_axes)
         failure = ort_failure(artifact, signature.example_inputs) if program.dynamic_axes else None
         if failure is None:
             break
@@ -144,6 +148,15 @@ def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batc
     if static:  # asked for but not dynamic: said once here, and absent from the manifest's dynamic_axes
         warnings.warn("deploy: " + "; ".join(static), stacklevel=4)
     return program
+
+
+def _input_ranges(program: DeployProgram) -> dict[str, dict[int, tuple[int, int | None]]]:
+    """The range of each dynamic input axis, by input."""
+    ranges: dict[str, dict[int, tuple[int, int | None]]] = {}
+    for (name, axis), r in program.axis_ranges.items():
+        if axis in program.dynamic_axes.get(name, {}):
+            ranges.setdefault(name, {})[axis] = r
+    return ranges
 
 
 def _namespace(target: Any) -> str | None:
