@@ -1,5 +1,6 @@
 """Write an exported inference program as ``model.onnx`` with torch.onnx's dynamo exporter (torch.export program
-in, ONNX graph out), inputs and outputs named as the signature names them.
+in, ONNX graph out), inputs and outputs named as the signature names them, then rewritten for ONNX Runtime's
+speed where no result changes (onnx_rewrites.py).
 
 Weights are stored inside the file when they fit comfortably in one protobuf (< 1.5 GB) and beside it as
 ``model.onnx.data`` otherwise, in the artifact directory either way.
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .manifest import DeployError
+from .onnx_rewrites import drop_softmax_nan_guards
 from .signature import DeployProgram, torch_noise_ignored
 
 __all__ = ["write_onnx", "INLINE_LIMIT"]
@@ -33,6 +35,7 @@ def write_onnx(program: DeployProgram, path: Path) -> Path:
         raise DeployError(f"ONNX export failed ({type(exc).__name__}: {str(exc)[:800]})") from exc
     if onnx_program is None:
         raise DeployError("ONNX export returned no program")
+    drop_softmax_nan_guards(onnx_program.model)
     onnx_program.save(path, external_data=weight_bytes >= INLINE_LIMIT)
     return path
 

@@ -19,6 +19,7 @@ from conftest import bert_inputs, make_gpt, make_tiny_bert
 from fxforge import ForgeGraph, passes
 from fxforge.deploy import DeployError, export_aoti, export_onnx, read_manifest
 from fxforge.deploy import export as export_module
+from fxforge.deploy.manifest import AxisRange
 from fxforge.passes.prune import prune_transform_pass, shrink_transform_pass
 from fxforge.passes.quantize import calibrate_transform_pass, lower_weight_only_transform_pass, quantize_transform_pass
 
@@ -63,8 +64,11 @@ def test_bert_onnx_has_no_labels_and_matches_at_two_shapes(bert_onnx: Any) -> No
     model = onnx.load(str(out / "model.onnx"))
     assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
     assert [o.name for o in model.graph.output] == ["logits"]
+    # torch.onnx's softmax NaN guards are dropped (deploy/onnx_rewrites.py): equal outputs below, padded row included
+    assert "Softmax" in {n.op_type for n in model.graph.node} and "IsNaN" not in {n.op_type for n in model.graph.node}
     assert manifest.inputs == ("input_ids", "attention_mask") and manifest.outputs == ("logits",)
-    assert manifest.dynamic_axes == {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    assert manifest.dynamic_axes == {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+                                     "logits": {0: "batch"}}
     for batch, seq in SHAPES:
         x = bert_inputs(batch=batch, seq=seq)
         (got,) = _ort(out / "model.onnx", {k: v for k, v in x.items() if k != "labels"})
@@ -142,7 +146,11 @@ def test_zoo_gpt_exports_to_onnx(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         manifest = export_onnx(mg, tmp_path / "gpt", check=False)
     assert not [r for r in caplog.records if "torchvision" in r.getMessage()]  # torch.onnx's registry noise
     assert manifest.inputs == ("idx",) and manifest.outputs == ("output_0",)
-    assert manifest.dynamic_axes == {"idx": {0: "batch", 1: "seq"}}
+    assert manifest.dynamic_axes == {"idx": {0: "batch", 1: "seq"}, "output_0": {0: "batch", 1: "seq"}}
+    # the sequence bound torch.export proves (the rotary tables' 32 rows) is recorded and guarded in the file
+    assert manifest.axis_ranges["output_0"] == {0: AxisRange(1, None, "idx[0]"), 1: AxisRange(1, 32, "idx[1]")}
+    with pytest.raises(Exception, match=r"fxforge range guard: idx axis 1 \(seq\) must be 1\.\.32"):
+        _ort(tmp_path / "gpt" / "model.onnx", {"idx": torch.zeros(2, 33, dtype=torch.long)})
     gen = torch.Generator().manual_seed(2)
     for shape in SHAPES:
         idx = torch.randint(0, 64, shape, generator=gen)
@@ -238,7 +246,7 @@ def test_afno_sequence_axis_static_when_onnx_runtime_cannot_run_it(tmp_path: Pat
     mg = ForgeGraph(make_gpt(mixer="afno"), example_inputs=torch.randint(0, 64, (2, 16))).eval()
     with pytest.warns(UserWarning, match=r"ONNX Runtime could not run the model with dynamic axes .*DFT.*batch only"):
         manifest = export_onnx(mg, tmp_path / "afno", check=False)
-    assert manifest.dynamic_axes == {"idx": {0: "batch"}}
+    assert manifest.dynamic_axes == {"idx": {0: "batch"}, "output_0": {0: "batch"}}
     for batch in (1, 3):
         idx = torch.randint(0, 64, (batch, 16))
         (got,) = _ort(tmp_path / "afno" / "model.onnx", {"idx": idx})
