@@ -9,15 +9,19 @@ same next parameters (a fresh study keeps the base seed itself).
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import optuna
 
 from .errors import SearchError
 
+if TYPE_CHECKING:
+    from .fidelity import Fidelity
+
 __all__ = ["PRUNERS", "SAMPLERS", "make_pruner", "make_sampler", "study_seed"]
 
 SAMPLERS: tuple[str, ...] = ("gp", "grid", "nsga2", "random", "tpe")
-PRUNERS: tuple[str, ...] = ("hyperband", "median", "none")
+PRUNERS: tuple[str, ...] = ("hyperband", "median", "none", "successive_halving")
 MAX_SEED = 2**32 - 1  # numpy's RandomState, which Optuna's samplers seed, takes 0 .. 2**32 - 1
 
 
@@ -45,12 +49,23 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     raise SearchError(f"unknown sampler {name!r}; choose from {list(SAMPLERS)}")
 
 
-def make_pruner(name: str | None) -> optuna.pruners.BasePruner:
-    """A pruner by name (None or "none": no pruning)."""
+def make_pruner(name: str | None, fidelity: Fidelity | None = None) -> optuna.pruners.BasePruner:
+    """A pruner by name (None or "none": no pruning). With a fidelity schedule, successive halving and
+    Hyperband get their resources from it: the first rung's budget as the minimum, the last's as
+    Hyperband's maximum, and the schedule's geometric factor as the reduction factor, so Optuna's rungs
+    are the schedule's (a schedule that is not geometric is refused, naming one that is)."""
     if name in (None, "none"):
         return optuna.pruners.NopPruner()
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if name == "successive_halving":
+        if fidelity is None:
+            return optuna.pruners.SuccessiveHalvingPruner()
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=fidelity.budget(0),
+                                                      reduction_factor=fidelity.reduction_factor)
     if name == "hyperband":
-        return optuna.pruners.HyperbandPruner()
+        if fidelity is None:
+            return optuna.pruners.HyperbandPruner()
+        return optuna.pruners.HyperbandPruner(min_resource=fidelity.budget(0), max_resource=fidelity.budget(-1),
+                                              reduction_factor=fidelity.reduction_factor)
     raise SearchError(f"unknown pruner {name!r}; choose from {list(PRUNERS)}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,8 +53,11 @@ class Task(ABC):
     def eval_batches(self) -> Sequence[Batch]:
         """Held-out (inputs, labels) batches; the same objects on every call."""
 
-    def train(self, graph: ForgeGraph, trial: optuna.Trial | None) -> None:
-        """Fine-tune ``graph`` in place; report intermediate accuracy to ``trial`` for pruners."""
+    def train(self, graph: ForgeGraph, trial: optuna.Trial | None, steps: int | None = None,
+              checkpoints: Sequence[int] = (), on_checkpoint: Callable[[int], None] | None = None) -> None:
+        """Fine-tune ``graph`` in place; report intermediate accuracy to ``trial`` for pruners. ``steps``
+        replaces the task's own number of optimizer steps, and ``on_checkpoint(step)`` is called after each
+        step in ``checkpoints`` (a fidelity's rungs: it measures, reports, and may raise TrialPruned)."""
         raise SearchError(f"{type(self).__name__} cannot train; use a space that needs no fine-tuning")
 
     def calibration_batches(self) -> Sequence[Batch]:
@@ -97,12 +100,51 @@ class Task(ABC):
 
 
 class TensorTask(Task):
-    """Evaluation on in-memory tensors: ``inputs`` (keyword tensors) and ``labels``, split into batches."""
+    """Evaluation on in-memory tensors: ``inputs`` (keyword tensors) and ``labels``, split into batches.
+
+    With ``training=(inputs, labels)`` it also fine-tunes: ``train_steps`` plain SGD steps at
+    ``learning_rate`` on cross-entropy, cycling through the training batches in order (deterministic; for
+    tiny models and tests, not a replacement for the HF Trainer).
+    """
 
     def __init__(self, inputs: Mapping[str, torch.Tensor], labels: torch.Tensor, batch_size: int = 64,
-                 calibration: tuple[Mapping[str, torch.Tensor], torch.Tensor] | None = None) -> None:
+                 calibration: tuple[Mapping[str, torch.Tensor], torch.Tensor] | None = None,
+                 training: tuple[Mapping[str, torch.Tensor], torch.Tensor] | None = None, train_steps: int = 50,
+                 learning_rate: float = 0.05) -> None:
         self._batches = _split(inputs, labels, batch_size)
         self._calib = None if calibration is None else _split(calibration[0], calibration[1], batch_size)
+        self._train = None if training is None else _split(training[0], training[1], batch_size)
+        if type(train_steps) is not int or train_steps < 1:
+            raise SearchError(f"TensorTask train_steps must be an integer >= 1, got {train_steps!r}")
+        if not learning_rate >= 0:
+            raise SearchError(f"TensorTask learning_rate must be >= 0, got {learning_rate!r}")
+        self.train_steps, self.learning_rate = train_steps, float(learning_rate)
+
+    def train(self, graph: ForgeGraph, trial: optuna.Trial | None, steps: int | None = None,
+              checkpoints: Sequence[int] = (), on_checkpoint: Callable[[int], None] | None = None) -> None:
+        import torch.nn.functional as F
+
+        if not self._train:
+            raise SearchError("TensorTask cannot train without training=(inputs, labels); pass it, or use a space "
+                              "that needs no fine-tuning")
+        model = graph.model
+        params = [p for p in model.parameters() if p.requires_grad]
+        stops = set(checkpoints)
+        model.train()
+        try:
+            for step in range(1, (steps or self.train_steps) + 1):
+                inputs, labels = self._train[(step - 1) % len(self._train)]
+                for p in params:
+                    p.grad = None
+                F.cross_entropy(logits_of(model(**with_labels(model, inputs, labels))).float(), labels).backward()
+                with torch.no_grad():  # plain SGD by hand: torch.optim's first step imports torch._dynamo (~3 s)
+                    for p in params:
+                        if p.grad is not None:
+                            p.sub_(p.grad, alpha=self.learning_rate)
+                if step in stops and on_checkpoint is not None:
+                    on_checkpoint(step)
+        finally:
+            model.eval()
 
     def eval_batches(self) -> Sequence[Batch]:
         return self._batches
@@ -176,7 +218,8 @@ class TextClassificationTask(Task):
             self._calib = self._padded(self.data["train"], self.calibration_size)
         return self._calib
 
-    def train(self, graph: ForgeGraph, trial: optuna.Trial | None) -> None:
+    def train(self, graph: ForgeGraph, trial: optuna.Trial | None, steps: int | None = None,
+              checkpoints: Sequence[int] = (), on_checkpoint: Callable[[int], None] | None = None) -> None:
         import tempfile
 
         from transformers import PrinterCallback, ProgressCallback, TrainerCallback
@@ -196,6 +239,13 @@ class TextClassificationTask(Task):
                     raise optuna.TrialPruned(f"pruned at step {state.global_step} "
                                              f"(accuracy {metrics['eval_accuracy']:.3f})")
 
+        class _Rungs(TrainerCallback):
+            """A fidelity's rungs: ``on_checkpoint`` after the listed optimizer steps (it may raise TrialPruned)."""
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                if on_checkpoint is not None and int(state.global_step) in checkpoints:
+                    on_checkpoint(int(state.global_step))
+
         class _Bar(ProgressCallback):
             """The Trainer's progress bar without its metric dicts (the trial's result says what counts)."""
 
@@ -204,6 +254,9 @@ class TextClassificationTask(Task):
 
         overrides = dict(task.train_args)
         training_args = dict(overrides.pop("training_args", {}))
+        if steps is not None:  # a fidelity's last rung: wins over train_args' max_steps / epochs
+            overrides.pop("max_steps", None)
+            training_args["max_steps"] = steps
         # a bar per training, but none nested inside a search's progress bar
         training_args.setdefault("disable_tqdm", not self.progress or search_bar_shown())
         training_args.setdefault("logging_strategy", "no")
@@ -215,6 +268,8 @@ class TextClassificationTask(Task):
             trainer = get_trainer(graph, self.data, self.tokenizer, output_dir=out, training_args=training_args,
                                   **overrides)
             trainer.add_callback(_Report())
+            if checkpoints:
+                trainer.add_callback(_Rungs())
             for noisy in (PrinterCallback, ProgressCallback):  # both print every metrics dict they are given
                 trainer.remove_callback(noisy)
             if not training_args["disable_tqdm"]:
