@@ -71,7 +71,8 @@ class _Recorder:
     """Forwards a fine-tune's reports to the trial and keeps them for the entry."""
 
     def __init__(self, trial: optuna.Trial) -> None:
-        self._trial, self.reports = trial, []  # type: list[tuple[int, float]]
+        self._trial = trial
+        self.reports: list[tuple[int, float]] = []
 
     def report(self, value: float, step: int) -> None:
         self.reports.append((int(step), float(value)))
@@ -256,7 +257,7 @@ def _replay(trial: optuna.Trial | None, reports: Any) -> None:
 
 def _listing(root: Path) -> list[str]:
     """Every regular file under ``root`` as a relative POSIX path; RefusedEntry for anything else."""
-    out = []
+    out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         for name in [*dirnames, *filenames]:
             mode = os.lstat(os.path.join(dirpath, name)).st_mode
@@ -296,7 +297,8 @@ def _verified(path: Path, key: str) -> dict[str, Any]:
         raise RefusedEntry(f"files differ from the manifest (missing {sorted(set(files) - present)[:3]}, "
                            f"extra {sorted(present - set(files))[:3]})")
     for rel, want in files.items():
-        if _file_entry(path / rel) != want:
+        if not isinstance(want, dict) or os.lstat(path / rel).st_size != want.get("size") or \
+                _file_entry(path / rel) != want:
             raise RefusedEntry(f"{rel}: size/SHA-256 differs from the manifest (edited after it was written)")
     return doc
 

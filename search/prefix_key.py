@@ -114,10 +114,10 @@ def task_fingerprint(task: Task | None, train: bool) -> dict[str, Any]:
         return {"task": None}
     inner = getattr(task, "inner", None)
     if isinstance(inner, Task):  # a multi-fidelity view: trains its inner task to its schedule's last steps
-        fidelity = getattr(task, "fidelity", None)
-        if not callable(getattr(fidelity, "to_json", None)):
+        to_json = getattr(getattr(task, "fidelity", None), "to_json", None)
+        if not callable(to_json):
             raise Unkeyable(f"{type(task).__name__} wraps a task with no fidelity schedule to key on")
-        return {**task_fingerprint(inner, train), "fidelity": canonical(fidelity.to_json()) if train else None}
+        return {**task_fingerprint(inner, train), "fidelity": canonical(to_json()) if train else None}
     try:
         calib: Any = [canonical(list(b)) for b in task.calibration_batches()]
     except SearchError:  # no calibration data: passes fall back to the graph's example inputs (in the base key)
