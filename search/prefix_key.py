@@ -106,9 +106,9 @@ def _dataset_digest(split: Any) -> str:
 def task_fingerprint(task: Task | None, train: bool) -> dict[str, Any]:
     """What of ``task`` a prefix reads: its calibration batches (taylor pruning, quantizer calibration) and,
     when the prefix trains, how it trains: a task's own ``prefix_fingerprint()`` (any JSON-able value that
-    changes whenever its training would), else TextClassificationTask's arguments and data. Unkeyable
-    when the task trains but says nothing about how."""
-    from .task import Task, TextClassificationTask
+    changes whenever its training would), else TensorTask's or TextClassificationTask's arguments and data
+    (their own ``train``, not a subclass's). Unkeyable when the task trains but says nothing about how."""
+    from .task import Task, TensorTask, TextClassificationTask
 
     if task is None:
         return {"task": None}
@@ -125,10 +125,15 @@ def task_fingerprint(task: Task | None, train: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"task": f"{type(task).__module__}.{type(task).__qualname__}", "calibration": calib}
     if not train:
         return out
-    own = getattr(task, "prefix_fingerprint", None)
+    own, recipe = getattr(task, "prefix_fingerprint", None), type(task).train  # a subclass's own train: its own say
     if callable(own):
         out["training"] = canonical(own())
-    elif isinstance(task, TextClassificationTask):
+    elif recipe is TensorTask.train:
+        assert isinstance(task, TensorTask)
+        out["training"] = {"train": canonical([list(b) for b in task._train or ()]), "steps": task.train_steps,
+                           "learning_rate": task.learning_rate}
+    elif recipe is TextClassificationTask.train:
+        assert isinstance(task, TextClassificationTask)
         out["training"] = {
             "train_args": canonical(task.train_args), "train": _dataset_digest(task.data["train"]),
             "test": _dataset_digest(task.data["test"]), "max_length": task.max_length,

@@ -32,14 +32,14 @@ class _TrainingTask(TensorTask):
     def train(self, graph: ForgeGraph, trial: Any) -> None:
         self.trainings += 1
         gen = torch.Generator().manual_seed(0)
-        opt = torch.optim.SGD([p for p in graph.model.parameters() if p.requires_grad], lr=self.lr)
+        params = [p for p in graph.model.parameters() if p.requires_grad]
         graph.model.train()
         for step, (inputs, labels) in enumerate(self.eval_batches()[:2]):
             noisy = inputs["x"] + 0.1 * torch.randn(inputs["x"].shape, generator=gen)
-            loss = F.cross_entropy(graph.model(noisy), labels)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            grads = torch.autograd.grad(F.cross_entropy(graph.model(noisy), labels), params)
+            with torch.no_grad():  # SGD by hand: torch.optim's first step imports torch._dynamo (~3 s)
+                for p, g in zip(params, grads):
+                    p.sub_(g, alpha=self.lr)
             if trial is not None:
                 trial.report(self.accuracy(graph), step)
         graph.model.eval()
@@ -98,27 +98,40 @@ def test_a_trial_differing_after_training_is_served_and_equals_a_recompute(setup
     _same(g8, uncached, x)  # a hit is the graph a recompute gives, weights, outputs and history
 
 
-def test_search_records_hits_and_counts_prefix_work(setup, tmp_path: Path, monkeypatch) -> None:
-    mg, task, _ = setup
+def test_search_records_hits_and_counts_prefix_work(tmp_path: Path, monkeypatch) -> None:
+    mg, plain_task = tiny_search_setup(96)
+    x, labels = plain_task.eval_batches()[0]
+    task = TensorTask({"x": torch.cat([b[0]["x"] for b in plain_task.eval_batches()])},
+                      torch.cat([b[1] for b in plain_task.eval_batches()]), batch_size=32,
+                      training=(x, labels), train_steps=3)  # TensorTask's own fine-tune, keyed by its recipe
     befores: list[str] = []
-    apply = runner.apply_steps
+    trainings: list[int] = []
+    apply, train = runner.apply_steps, TensorTask.train
 
     def counting(graph: ForgeGraph, pipeline: Any) -> ForgeGraph:
         if pipeline is not None and pipeline.name.endswith("before training"):
             befores.append(pipeline.name)
         return apply(graph, pipeline)
 
+    def counted_train(self: TensorTask, *args: Any, **kwargs: Any) -> None:
+        trainings.append(1)
+        train(self, *args, **kwargs)
+
     monkeypatch.setattr(runner, "apply_steps", counting)
+    monkeypatch.setattr(TensorTask, "train", counted_train)
     args: dict[str, Any] = dict(space=SPACE, objectives=["accuracy"], base=mg, task=task, n_trials=2, sampler="random",
                                 progress=False, enqueue=[{"sparsity:fc1": 0.5, W: 4}, {"sparsity:fc1": 0.5, W: 8}])
     cached = Search(**args, run_dir=tmp_path / "a").run()
     assert [trial_result(t)["prefix_cache"] for t in cached.completed()] == ["miss", "hit"]
-    assert task.trainings == 1 and befores == ["trial 0: before training"]
+    assert len(trainings) == 1 and befores == ["trial 0: before training"]
     assert len(list((tmp_path / "a" / "prefix-cache").iterdir())) == 1
     plain = Search(**args, run_dir=tmp_path / "b", prefix_cache=None).run()
-    assert task.trainings == 3 and len(befores) == 3
+    assert len(trainings) == 3 and len(befores) == 3
     assert all("prefix_cache" not in trial_result(t) for t in plain.completed())
     assert [t.values for t in cached.completed()] == [t.values for t in plain.completed()]
+    task.learning_rate = 0.01  # another recipe: the same plans miss
+    again = Search(**args, run_dir=tmp_path / "a", study_name="lr").run()
+    assert [trial_result(t)["prefix_cache"] for t in again.completed()] == ["miss", "hit"] and len(trainings) == 4
 
 
 def test_a_changed_prefix_base_or_training_misses(setup, tmp_path: Path) -> None:
