@@ -10,6 +10,10 @@ hash before the checkpoint loader (which checks its own manifest) reads anything
 is refused with a warning and recomputed, never loaded. Entries are written to a temporary directory
 and renamed into place, so workers racing on one key each compute it and the first rename wins.
 
+Under a multi-fidelity schedule (search/fidelity.py) the key holds the schedule, and the rung walk, not
+the fine-tune, reports: a served trial, already trained to the last rung's steps, is measured and
+reported at that rung only (the pruner cannot stop it early, but it costs a measurement, not a training).
+
 Reproducibility: the HF Trainer seeds itself, so a fine-tune recomputed gives the entry's weights again.
 A prefix that draws from the global random state (pruning method ``random``) is one draw, reused by
 every trial sharing the prefix. A hit skips the fine-tune, so the global random state after the prefix

@@ -234,3 +234,17 @@ def test_entries_beyond_the_size_cap_are_evicted_least_recently_used_first(setup
     _run(mg, slower, _plan(0.5, 4), cache)  # a third entry: the least recently used (sparsity 0.25) goes
     assert len(cache.entries()) == 2 and one in cache.entries()
     assert _run(mg, task, _plan(0.25, 8), cache)[1] == {"prefix_cache": "miss"}
+
+
+def test_a_multi_fidelity_trial_is_served_its_fully_trained_prefix(tmp_path: Path) -> None:
+    mg, plain = tiny_search_setup(96)
+    xs, ys = torch.cat([b[0]["x"] for b in plain.eval_batches()]), torch.cat([b[1] for b in plain.eval_batches()])
+    task = TensorTask({"x": xs}, ys, batch_size=32, training=({"x": xs[:32]}, ys[:32]), train_steps=3)
+    args: dict[str, Any] = dict(space=SPACE, objectives=["accuracy"], base=mg, task=task, n_trials=2, sampler="random",
+                                progress=False, pruner="successive_halving", fidelity={"steps": [1, 3]},
+                                enqueue=[{"sparsity:fc1": 0.5, W: 4}, {"sparsity:fc1": 0.5, W: 8}])
+    cached = Search(**args, run_dir=tmp_path / "a").run().study.trials
+    uncached = Search(**args, run_dir=tmp_path / "b", prefix_cache=None).run().study.trials
+    assert [trial_result(t)["prefix_cache"] for t in cached] == ["miss", "hit"]
+    assert [[r["rung"] for r in trial_result(t)["rungs"]] for t in cached] == [[0, 1], [1]]  # a hit: trained already,
+    assert [t.values for t in cached] == [t.values for t in uncached]  # measured at the last rung only, same value
