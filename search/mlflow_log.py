@@ -157,6 +157,7 @@ class MlflowTrialLog:
         self.objectives = [o.name for o in search._objectives]
         self.client: Any = None
         self.parent = ""
+        self.broken = False  # a write failed: the rest of this run logs nothing (the next run catches up)
 
     # -- context --------------------------------------------------------------------------------------
     def __enter__(self) -> list[MlflowTrialLog]:
@@ -167,17 +168,22 @@ class MlflowTrialLog:
         return [self]
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.broken:  # the store failed once in this run: no more waiting on it; the next run catches up
+            return
         self.catch_up()
         status = "FINISHED" if kind is None else "KILLED" if issubclass(kind, KeyboardInterrupt) else "FAILED"
         self._safely("end the study's run", lambda: self.client.set_terminated(self.parent, status=status))
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        self._safely(f"log trial {trial.number}", lambda: self.log_trial(trial))
+        if not self.broken:
+            self._safely(f"log trial {trial.number}", lambda: self.log_trial(trial))
 
     # -- MLflow ---------------------------------------------------------------------------------------
     def _open_client(self) -> Any:
         """The client of the target; MLflow's SQLite models warn SQLAlchemy 2.1's deprecation of ``noload`` when
         first imported, a warning for MLflow's authors that fxforge's users can do nothing about."""
+        if self.target.uri.lower().startswith(("http://", "https://")):
+            self._probe_server()
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r"The ``noload`` loader strategy is deprecated")
@@ -191,6 +197,18 @@ class MlflowTrialLog:
         except Exception as exc:  # MlflowException, a connection error: one message naming the target
             raise SearchError(f"mlflow {self.target.shown!r}: cannot open the tracking store: "
                               f"{str(exc).splitlines()[0][:400]}") from None
+
+    def _probe_server(self) -> None:
+        """Refuse a tracking server that accepts no connection within 10 s (MLflow's client retries a refused
+        connection for about four minutes before it gives up)."""
+        import socket
+
+        parts = urlsplit(self.target.uri)
+        port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname or "", port), timeout=10).close()
+        except OSError as exc:
+            raise SearchError(f"mlflow {self.target.shown!r}: cannot reach the tracking server ({exc})") from None
 
     def _experiment(self) -> str:
         """The id of the experiment named after the study, created if needed; a deleted one is refused."""
@@ -300,7 +318,9 @@ class MlflowTrialLog:
         try:
             act()
         except Exception as exc:  # a server gone away, a full disk: the search goes on
-            _log.warning("mlflow %s: could not %s (%s); the next run of the study logs it", self.target.shown,
+            self.broken = True
+            _log.warning("mlflow %s: could not %s (%s); no more runs are logged until the study's next run, "
+                         "which logs what is missing", self.target.shown,
                          doing, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
 
 
