@@ -67,7 +67,7 @@ def allocate(options: Sequence[Sequence[Option]], capacity: float) -> list[Any] 
     """One choice per item minimising the summed loss with the summed cost within ``capacity`` (None when
     even the cheapest choices exceed it): start from each item's cheapest choice, then repeatedly take the
     change with the largest loss saved per unit of extra cost that still fits (greedy multiple-choice knapsack)."""
-    pick = [min(range(len(o)), key=lambda j, o=o: (o[j][1], o[j][2])) for o in options]
+    pick = [_cheapest(o) for o in options]
     slack = capacity * (1 + 1e-9) + 1e-9
     used = sum(o[p][1] for o, p in zip(options, pick))
     if used > slack:
@@ -89,6 +89,11 @@ def allocate(options: Sequence[Sequence[Option]], capacity: float) -> list[Any] 
         pick[i], used = j, used + extra
 
 
+def _cheapest(options: Sequence[Option]) -> int:
+    """The index of the cheapest option (the least loss among equally cheap ones)."""
+    return min(range(len(options)), key=lambda j: (options[j][1], options[j][2]))
+
+
 def allocations(options: Sequence[Sequence[Option]], capacities: Sequence[float]) -> list[list[Any]]:
     """:func:`allocate` at each capacity, distinct ones only; the cheapest allocation if none fits."""
     out: list[list[Any]] = []
@@ -107,7 +112,8 @@ class _Chooser:
     replaying a space's own ``suggest`` gives exactly the space's parameter names and choices."""
 
     def __init__(self, rule: Callable[[str, Sequence[Any]], Any]) -> None:
-        self.rule, self.params = rule, {}  # type: dict[str, Any]
+        self.rule = rule
+        self.params: dict[str, Any] = {}
 
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
         value = self.rule(name, choices)

@@ -24,6 +24,7 @@ from .checks import check_run_settings
 from .errors import SearchError
 from .objectives import Constraint, Objective, measure_objectives, resolve_objectives
 from .prefix_cache import PrefixCache, open_prefix_cache
+from .priors import apply_prior, check_prior
 from .progress import OptunaLogsAboveBar
 from .samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler, study_seed
 from .space import SearchSpace, TrialPlan
@@ -204,6 +205,7 @@ class Search:
         self._prefix_cache = open_prefix_cache(self.prefix_cache, self.run_dir, self.base)
         self.storage_spec().check_file(self.run_dir)  # a malformed URL or unwritable file: refused before any trial
         self._bound = self.space.bind(self.base)
+        check_prior(self._bound, self.task)  # prior="sensitivity" measures on the task's calibration batches
         self._baseline: dict[str, float] = {}
         self._finished = _Finished(self.n_trials)
         self.enqueue = tuple(self._checked_enqueue(p) for p in self.enqueue)
@@ -327,7 +329,10 @@ class Search:
         from .results import SearchResult
 
         study = self.open_study()
-        for params in self.enqueue:
+        # a sensitivity prior shapes the space from the study's (stored, else measured once) sensitivity and
+        # seeds it with ranked allocations; the given enqueue is checked again against the shaped space
+        self._bound, seeded = apply_prior(self._bound, study, self.base, self.task)
+        for params in (*seeded, *[self._checked_enqueue(p) for p in self.enqueue]):
             study.enqueue_trial(dict(params), skip_if_exists=True)  # checked dicts; Optuna types it dict
         self._baseline = self.baseline(study)
         callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [self._finished]

@@ -1,6 +1,9 @@
-"""The sensitivity prior: allocations and per-layer restrictions from a SensitivityInfo."""
+"""The sensitivity prior: allocations and per-layer restrictions from a SensitivityInfo, and a tiny search
+that measures sensitivity once per study, enqueues the allocations first and reuses the stored measurement."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import optuna
 import pytest
@@ -9,8 +12,9 @@ from conftest import tiny_search_setup
 
 from fxforge import ForgeGraph
 from fxforge.passes.analysis.sensitivity_types import GroupSensitivity, LayerSensitivity, SensitivityInfo
-from fxforge.search import MixedPrecisionSpace, PruningSpace, SearchError, TensorTask
-from fxforge.search.priors import BIT_BUDGETS, SPARSITY_BUDGETS, allocate
+from fxforge.passes.base import PASSES
+from fxforge.search import MixedPrecisionSpace, PruningSpace, Search, SearchError, TensorTask
+from fxforge.search.priors import BIT_BUDGETS, SENSITIVITY_ATTR, SENSITIVITY_PASS, SPARSITY_BUDGETS, allocate
 from fxforge.search.space import space_from_spec
 
 WIDTHS = [2, 4, 8]
@@ -106,7 +110,7 @@ def test_stored_sensitivity_of_another_model_is_refused(setup) -> None:
         _space().bind(mg).with_sensitivity(narrow)
 
 
-def test_pruning_prior_allocations_fit_sparsity_budgets() -> None:
+def test_pruning_prior_allocations_fit_sparsity_budgets(setup) -> None:
     space = PruningSpace([0.0, 0.25, 0.5, 0.75], groups={"attn": {"type": ["linear"]}, "mlp": {"type": ["linear"]}},
                          granularity={"attn": "head", "mlp": "ffn"}, prior="sensitivity", loss_bound=1.0)
     heads = GroupSensitivity("layer.0.attention", "heads", 4, (1.0,) * 4, ((0.25, 0.5), (0.5, 0.9), (0.75, 2.0)))
@@ -120,6 +124,11 @@ def test_pruning_prior_allocations_fit_sparsity_budgets() -> None:
         assert params["sparsity:mlp"] >= params["sparsity:attn"]  # the FFN costs far less loss per unit pruned
     with pytest.raises(SearchError, match="granularity 'head' or 'ffn'"):
         PruningSpace([0.0, 0.5], prior="sensitivity")
+    # bound to a graph, a group weighs the weights of its measured groups' layers (TinyMLP's fc1: 8 x 16)
+    mg, _ = setup
+    fc1 = GroupSensitivity("fc1", "ffn", 16, (1.0,) * 16, ((0.25, 0.0), (0.5, 0.0), (0.75, 0.0)), ("fc1",))
+    bound = PruningSpace([0.0, 0.25, 0.5, 0.75], granularity="ffn", prior="sensitivity")
+    assert bound.with_sensitivity(SensitivityInfo("fisher", 0.5, (), (fc1,)), mg)._group_params == {"linear": 128}
 
 
 # -- spec, config and bad values -----------------------------------------------------------------------------
@@ -144,3 +153,110 @@ def test_bad_prior_values_refused(kw: dict, match: str) -> None:
         args.pop("per")
         with pytest.raises(SearchError, match=match):
             space_from_spec({"kind": "pruning", "sparsity": [0.0, 0.5], "granularity": "ffn", **args})
+
+
+def test_config_space_section_takes_the_prior(tmp_path: Path) -> None:
+    """A TOML config's [space] gives prior / loss_bound to the space search/config.py builds (space_from_spec);
+    a misspelled prior is refused before the model or the data are loaded."""
+    from fxforge.search import load_config, search_from_config
+
+    path = tmp_path / "search.toml"
+    path.write_text('[search]\nstudy_name = "p"\nobjectives = ["weight_bits"]\n[model]\nname = "tiny-bert"\n'
+                    '[task]\ncalibration_size = 8\n[space]\nkind = "precision"\nper = "layer"\n'
+                    'prior = "sensitivity"\nloss_bound = 0.5\n[space.formats.integer]\nwidth = [4, 8]\n'
+                    'frac_width = ["auto"]\n')
+    config = load_config(path)
+    space = space_from_spec(config["space"])
+    assert (space.prior, space.loss_bound) == ("sensitivity", 0.5)
+    config["space"]["prior"] = "sensitivty"
+    with pytest.raises(SearchError, match="unknown prior 'sensitivty'"):
+        search_from_config(config, output_root=tmp_path)
+
+
+def test_prior_without_calibration_data_refused_before_any_study(setup, tmp_path: Path) -> None:
+    mg, _ = setup
+    plain = tiny_search_setup(32)[1]  # no calibration batches
+    for task in (plain, None):
+        with pytest.raises(SearchError, match="calibration"):
+            Search(_space(), ["avg_weight_bits"], base=mg, task=task, run_dir=tmp_path, progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+# -- a tiny search with the real pass ------------------------------------------------------------------------
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Calls of the registered sensitivity_analysis_pass, counted."""
+    real, calls = PASSES[SENSITIVITY_PASS], []
+
+    def counting(graph, pass_args=None):
+        calls.append(1)
+        return real(graph, pass_args)
+
+    monkeypatch.setitem(PASSES, SENSITIVITY_PASS, counting)
+    return calls
+
+
+def _search(setup, run_dir: Path, n_trials: int, resume: bool = False) -> Search:
+    mg, task = setup
+    return Search(_space(loss_bound=1e-4), ["accuracy", "avg_weight_bits"], base=mg, task=task, n_trials=n_trials,
+                  sampler="random", run_dir=run_dir, resume=resume, progress=False, seed=0)
+
+
+def test_search_measures_once_enqueues_allocations_first_and_reuses_on_resume(setup, counted, tmp_path: Path) -> None:
+    first = _search(setup, tmp_path, 5).run()
+    assert len(counted) == 1
+    stored = SensitivityInfo.from_json(first.study.user_attrs[SENSITIVITY_ATTR])
+    assert {layer.name for layer in stored.layers} == {"fc1", "fc2"}
+    shaped = _space(loss_bound=1e-4).bind(setup[0]).with_sensitivity(stored)
+    expected = shaped.prior_allocations()
+    trials = first.study.trials
+    assert [t.params for t in trials[:len(expected)]] == expected  # no hand-written enqueue
+    for t in trials:  # every trial, enqueued or sampled, keeps its layers' weights within the bound
+        for layer, allowed in shaped.widths_by_layer.items():
+            assert t.params.get(f"{layer}:integer:weight_width", allowed[0]) in allowed
+    resumed = _search(setup, tmp_path, 8, resume=True).run()
+    assert len(counted) == 1  # read back from the study, not measured again
+    assert len(resumed.study.trials) == 8
+    assert [t.params for t in resumed.study.trials[:len(expected)]] == expected  # not enqueued twice
+
+
+@pytest.mark.parametrize("edit", ["not an object", {"layers": [{"name": "fc1", "params": -5, "quant": [[8, "x"]]}]},
+                                  {"baseline_loss": float("nan")}])
+def test_hostile_stored_sensitivity_refused_on_resume(setup, counted, tmp_path: Path, edit) -> None:
+    """A study's attribute edited (wrong types, NaN, another model's layers) stops the resume before any trial."""
+    study = _search(setup, tmp_path, 1).run().study
+    stored = study.user_attrs[SENSITIVITY_ATTR]
+    study.set_user_attr(SENSITIVITY_ATTR, {**stored, **edit} if isinstance(edit, dict) else edit)
+    with pytest.raises(SearchError, match="stored sensitivity .* is invalid|no layer 'fc1'"):
+        _search(setup, tmp_path, 3, resume=True).run()
+    assert len([t for t in study.trials if t.state.is_finished()]) == 1 and len(counted) == 1
+
+
+@pytest.mark.slow_search  # ~10 s under load: the pass's first per-sample gradients on BERT, and two trials
+def test_pruning_prior_on_tiny_bert_enqueues_head_and_ffn_allocations(counted, tmp_path: Path) -> None:
+    """Tiny BERT's attention heads and FFN units measured once; the first trials are the allocations, each
+    sparsity within the group's allowed ones, on the space's own parameter names."""
+    from conftest import make_tiny_bert
+
+    torch.manual_seed(0)
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
+    ids, calib = torch.randint(0, 100, (8, 16)), torch.randint(0, 100, (4, 16))
+    with torch.no_grad():
+        labels, calib_labels = (mg.model(input_ids=x, attention_mask=torch.ones_like(x)).logits.argmax(-1)
+                                for x in (ids, calib))
+    task = TensorTask({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, labels, batch_size=16,
+                      calibration=({"input_ids": calib, "attention_mask": torch.ones_like(calib)}, calib_labels))
+    space = PruningSpace([0.0, 0.25, 0.5], groups={"attn": {"name": ["query", "key", "value"]},
+                                                   "mlp": {"name": ["intermediate.dense"]}},
+                         granularity={"attn": "head", "mlp": "ffn"}, prior="sensitivity")
+    search = Search(space, ["accuracy"], base=mg, task=task, n_trials=2, sampler="random", run_dir=tmp_path,
+                    progress=False)
+    study = search.run().study
+    assert len(counted) == 1
+    info = SensitivityInfo.from_json(study.user_attrs[SENSITIVITY_ATTR])
+    assert {g.kind for g in info.groups} == {"heads", "ffn"}
+    expected = space.with_sensitivity(info, mg).prior_allocations()
+    assert [t.params for t in study.trials[:len(expected)]] == expected
+    shaped = search._bound
+    assert all(set(p) == {"sparsity:attn", "sparsity:mlp"} for p in expected)
+    assert all(p[f"sparsity:{g}"] in shaped.sparsity_by_group[g] for p in expected for g in ("attn", "mlp"))
