@@ -130,10 +130,27 @@ class Evaluator:
             signal += float((ref**2).sum())
         return noise / max(signal, 1e-30)
 
-    def grads(self, leaves: Mapping[str, torch.Tensor], create_graph: bool = False) -> Iterator[
-            tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
-        """Per batch: (leaves as fresh grad-requiring tensors, d loss / d leaf)."""
+    def samples(self) -> Iterator[Any]:
+        """Each batch split into its samples (a mapping or sequence of tensors sharing dim 0), else whole."""
         for batch in self.batches:
+            values = list(batch.values()) if isinstance(batch, Mapping) else list(batch) \
+                if isinstance(batch, tuple | list) else [batch]
+            sizes = {v.shape[0] if isinstance(v, torch.Tensor) and v.dim() else None for v in values}
+            if len(sizes) != 1 or None in sizes or isinstance(batch, ExampleInputs):
+                yield batch
+                continue
+            for i in range(sizes.pop()):
+                if isinstance(batch, Mapping):
+                    yield {k: v[i:i + 1] for k, v in batch.items()}
+                elif isinstance(batch, tuple | list):
+                    yield type(batch)(v[i:i + 1] for v in batch)
+                else:
+                    yield batch[i:i + 1]
+
+    def grads(self, leaves: Mapping[str, torch.Tensor], create_graph: bool = False, per_sample: bool = False
+              ) -> Iterator[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+        """Per batch (or per sample): (leaves as fresh grad-requiring tensors, d loss / d leaf)."""
+        for batch in (self.samples() if per_sample else self.batches):
             fresh = {k: w.detach().requires_grad_(True) for k, w in leaves.items()}
             with torch.enable_grad():
                 loss = self.loss(self.call(batch, fresh), batch)
@@ -232,12 +249,15 @@ def _quant_deltas(ev: Evaluator, args: SensitivityArgs, keys: dict[str, str], pa
 
 
 def _fisher(ev: Evaluator, leaves: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Empirical Fisher diagonal per weight: squared batch gradients averaged over batches."""
+    """Empirical Fisher diagonal per weight: squared per-sample gradients, averaged over the samples (a batch's
+    mean gradient nearly vanishes at a trained minimum, where the per-sample ones do not)."""
     acc = {k: torch.zeros_like(w, dtype=torch.float64) for k, w in leaves.items()}
-    for _, grads in ev.grads(leaves):
+    seen = 0
+    for _, grads in ev.grads(leaves, per_sample=True):
+        seen += 1
         for k, g in zip(leaves, grads):
             acc[k] += g.detach().double() ** 2
-    return {k: a / len(ev.batches) for k, a in acc.items()}
+    return {k: a / max(seen, 1) for k, a in acc.items()}
 
 
 def _hutchinson(ev: Evaluator, leaves: dict[str, torch.Tensor], probes: int, seed: int) -> dict[str, torch.Tensor]:
