@@ -41,18 +41,32 @@ def artifact_size(manifest: DeployManifest, directory: Path) -> int | None:
                if name != MANIFEST_NAME and _regular(directory / name))
 
 
+def _sizes(manifest: DeployManifest, name: str, axis: int, paren: bool = False) -> str:
+    """The sizes an axis accepts as recorded (version 2): `` in 2..64``, `` >= 1`` or, for an output's axis, the
+    input axis it follows (`` = input_ids[0]``, in parentheses when ``paren``); "" when none is recorded."""
+    r = manifest.axis_ranges.get(name, {}).get(axis)
+    if r is None:
+        return ""
+    if r.follows:
+        return f" (= {r.follows})" if paren else f" = {r.follows}"
+    return f" in {r.min}..{r.max}" if r.max is not None else f" >= {r.min}"
+
+
 def _tensor(name: str, manifest: DeployManifest, static_when_absent: bool) -> str:
-    """``name (dim 0: batch, dim 1: seq)``; an input without dynamic axes is static, an output's may be unrecorded."""
+    """``name (dim 0: batch >= 1, dim 1: seq in 2..64)``; an input without dynamic axes is static, an output's may
+    be unrecorded (``logits (dim 0: batch = input_ids[0])``: logits' batch is the input's)."""
     axes = manifest.dynamic_axes.get(name)
     if not axes:
         return f"{name} (static)" if static_when_absent else name
-    return f"{name} (" + ", ".join(f"dim {axis}: {label}" for axis, label in sorted(axes.items())) + ")"
+    return f"{name} (" + ", ".join(f"dim {axis}: {label}{_sizes(manifest, name, axis)}"
+                                   for axis, label in sorted(axes.items())) + ")"
 
 
 def axes_text(manifest: DeployManifest) -> str:
-    """The dynamic axes of every input and output, ``input_ids[0]=batch, input_ids[1]=seq, ...`` ("" if none)."""
-    return ", ".join(f"{name}[{axis}]={label}" for name, axes in manifest.dynamic_axes.items()
-                     for axis, label in sorted(axes.items()))
+    """The dynamic axes of every input and output with their sizes, ``input_ids[0]=batch >= 1, input_ids[1]=seq
+    in 2..64, logits[0]=batch (= input_ids[0])`` ("" if none)."""
+    return ", ".join(f"{name}[{axis}]={label}{_sizes(manifest, name, axis, paren=True)}"
+                     for name, axes in manifest.dynamic_axes.items() for axis, label in sorted(axes.items()))
 
 
 def shapes_text(check: ShapeCheck) -> str:

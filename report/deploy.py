@@ -1,4 +1,5 @@
-"""The report's "Deploy" section: each deploy artifact's format, size, quantization, dynamic axes and check.
+"""The report's "Deploy" section: each deploy artifact's format, size, quantization, dynamic axes (with the sizes
+each accepts) and check.
 
 The report builds on passes only, so it does not read ``deploy.json`` itself: the caller (the CLI) reads the
 manifest through ``fxforge.deploy`` and hands over these plain rows. Every string in them came from a file and
@@ -38,7 +39,7 @@ class DeployArtifactRow:
     source: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    dynamic_axes: str
+    dynamic_axes: str  # e.g. "input_ids[1]=seq in 2..64, logits[0]=batch (= input_ids[0])"
     runtime: str = ""
     fxforge_importable: bool = False
     check_passed: bool = False
@@ -64,7 +65,7 @@ def _artifact(k: int, a: DeployArtifactRow) -> str:
                                                 f"({a.artifact_bytes:,} bytes)"),
              ("quantization", a.quantization), ("source", a.source or "(not recorded)"),
              ("inputs", ", ".join(a.inputs)), ("outputs", ", ".join(a.outputs)),
-             ("dynamic axes", a.dynamic_axes or "none")]
+             ("dynamic axes", a.dynamic_axes or "none")]  # with their allowed sizes when recorded
     parts = [f"<h3>{escape(a.directory)}</h3>",
              _table(f"deploy-{k}", ["", ""], [list(f) for f in facts], "deploy-fact", sortable=False)]
     if not a.runtime:

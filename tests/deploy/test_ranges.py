@@ -3,7 +3,8 @@ guard, outputs following an input's axis), and nobody runs the artifact outside 
 the graph's range guard (named for the input, axis and range) before any other node, and the check runner refuses
 a case outside the recorded ranges. Measured before the guard: the tiny BERT export at sequence 65 (guard 2..64)
 failed inside ORT with ``invalid expand shape`` at ``node_expand_1`` (the token-type buffer sliced to 64), naming
-neither the input nor the bound; sequence 1 ran."""
+neither the input nor the bound; sequence 1 ran. (The zoo GPT's torch.export-proven bound is asserted in
+test_export_float's GPT export.)"""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import bert_inputs, make_gpt, make_tiny_bert
+from conftest import bert_inputs, make_tiny_bert
 
 from fxforge import ForgeGraph
-from fxforge.deploy import DeployError, export_onnx, read_manifest
+from fxforge.deploy import DeployError, export_aoti, export_onnx, read_manifest
 from fxforge.deploy.check import CheckCase, check_artifact
 from fxforge.deploy.manifest import AxisRange
 from fxforge.deploy.onnx_float import write_onnx
@@ -90,17 +91,6 @@ def test_range_guard_leaves_ort_fusions_alone(bert: ForgeGraph, bert_onnx: tuple
     assert (guarded - unguarded)["Where"] == 2  # input_ids and attention_mask
 
 
-def test_gpt_bound_proven_by_torch_export_is_guarded(tmp_path: Path) -> None:
-    mg = ForgeGraph(make_gpt(), example_inputs=torch.randint(0, 64, (2, 16))).eval()
-    manifest = export_onnx(mg, tmp_path / "gpt", check=False)
-    assert manifest.axis_ranges["idx"] == {0: AxisRange(1, None), 1: AxisRange(1, 32)}
-    assert manifest.axis_ranges["output_0"] == {0: AxisRange(1, None, "idx[0]"), 1: AxisRange(1, 32, "idx[1]")}
-    session = _session(tmp_path / "gpt")
-    assert session.run(None, {"idx": np.zeros((2, 32), np.int64)})[0].shape == (2, 32, 64)
-    with pytest.raises(Exception, match=r"idx axis 1 \(seq\) must be 1\.\.32"):
-        session.run(None, {"idx": np.zeros((2, 33), np.int64)})
-
-
 def test_check_runner_refuses_a_case_outside_the_ranges(bert: ForgeGraph, bert_onnx: tuple[Path, Any]) -> None:
     out, manifest = bert_onnx
     x = bert_inputs(batch=2, seq=70, labels=False)
@@ -109,3 +99,51 @@ def test_check_runner_refuses_a_case_outside_the_ranges(bert: ForgeGraph, bert_o
                                           r"range 2\.\.64"):
         check_artifact(out, "onnx", [case], 1e-4, "relative", ranges=manifest.axis_ranges,
                        labels=manifest.dynamic_axes)
+
+
+def test_inspect_lines_and_report_row_show_the_ranges(bert_onnx: tuple[Path, Any]) -> None:
+    from fxforge.cli.deploy_view import manifest_lines, report_row
+
+    out, manifest = bert_onnx
+    text = " ".join(" ".join(manifest_lines(manifest, out, 100)).split())
+    assert "inputs: input_ids (dim 0: batch >= 1, dim 1: seq in 2..64), attention_mask (dim 0: batch >= 1, " \
+           "dim 1: seq in 2..64)" in text
+    assert "outputs: logits (dim 0: batch = input_ids[0])" in text
+    assert report_row(manifest, out).dynamic_axes == (
+        "input_ids[0]=batch >= 1, input_ids[1]=seq in 2..64, attention_mask[0]=batch >= 1, "
+        "attention_mask[1]=seq in 2..64, logits[0]=batch (= input_ids[0])")
+
+
+_AOTI_RUN = """
+import os, sys, torch
+os.environ.update({env})
+package = torch._inductor.aoti_load_package(sys.argv[1])
+for batch, seq in ((1, 16), (2, 65)):
+    ids = torch.randint(0, 100, (batch, seq))
+    try:
+        with torch.no_grad():
+            (logits,) = package(ids, torch.ones_like(ids))
+        print(batch, seq, "ran", list(logits.shape))
+    except Exception as exc:
+        print(batch, seq, "refused", " ".join(str(exc).split()))
+"""
+
+
+@pytest.mark.slow_deploy  # an AOTInductor compile: make test-deploy
+def test_aoti_package_refuses_past_the_bound_with_its_input_checks(bert: ForgeGraph, tmp_path: Path) -> None:
+    """Measured: the tiny BERT package runs sequence 65 (past its 64 positions) silently unless loaded with
+    AOTI_RUNTIME_CHECK_INPUTS=1, as the check runner loads it; then it refuses 65 and still runs batch 1."""
+    import subprocess
+    import sys
+
+    manifest = export_aoti(bert, tmp_path / "aoti")
+    assert manifest.passed and manifest.axis_ranges["input_ids"][1] == AxisRange(2, 64)
+    runs = {}
+    for env in ("{}", "{'AOTI_RUNTIME_CHECK_INPUTS': '1'}"):
+        proc = subprocess.run([sys.executable, "-c", _AOTI_RUN.format(env=env), str(tmp_path / "aoti" / "model.pt2")],
+                              capture_output=True, text=True, timeout=600, check=True)
+        runs[env] = proc.stdout.splitlines()
+    assert runs["{}"] == ["1 16 ran [1, 2]", "2 65 ran [2, 2]"]  # silently past the bound
+    checked = runs["{'AOTI_RUNTIME_CHECK_INPUTS': '1'}"]
+    assert checked[0] == "1 16 ran [1, 2]" and checked[1].startswith("2 65 refused"), checked
+    assert "too large at 1, expected to be <= 64, but got: 65" in checked[1]
