@@ -12,7 +12,8 @@ Two things differ from the other formats:
   need a finite one. Sequence takes the range the graph's shape guard proves (refused when it proves none);
   batch, which no guard bounds, is capped at ``max_batch`` (default 8). Every batch 1..max_batch runs at every
   proven length; the runtime refuses an input with more elements than the planned ``max_batch x longest`` ones
-  ("Attempted to resize a bounded tensor"; a larger batch of shorter sequences happens to fit).
+  ("Attempted to resize a bounded tensor"; a larger batch of shorter sequences happens to fit). deploy.json
+  records batch's range as ``1..max_batch`` and the sequence's as the guard's.
 * executorch 1.5.1's edge IR validator calls ``len()`` on the list outputs of ``split_with_sizes_copy`` (the
   q/k/v split), which guards the symbolic batch to the example's value: memory is then planned for the example's
   batch (2 for the zoo GPT) and the program refuses 3 x 64 tokens. It is switched off
@@ -39,7 +40,14 @@ from ..passes.quantize.quantizer import iter_quantizers
 from .export import FLOAT_BOUND, check_cases, check_ops, raise_if_failed
 from .manifest import ARTIFACT_FILES, DeployCheck, DeployError, DeployManifest, write_manifest
 from .output_dir import StagedDir, check_output_dir
-from .signature import DeployProgram, InferenceSignature, export_program, inference_signature, torch_noise_ignored
+from .signature import (
+    DeployProgram,
+    InferenceSignature,
+    export_program,
+    inference_signature,
+    manifest_axes,
+    torch_noise_ignored,
+)
 
 __all__ = ["export_executorch", "write_pte", "DEFAULT_MAX_BATCH"]
 
@@ -74,15 +82,17 @@ def export_executorch(mg: ForgeGraph, out_dir: str | os.PathLike[str], *, dynami
     try:
         artifact = staged.path / ARTIFACT_FILES[FORMAT]
         write_pte(program, artifact)
+        labels, ranges = manifest_axes(program)  # batch's range is 1..max_batch: the format's cap
         result: DeployCheck | None = None
         if check:
             from .check import check_artifact
 
-            result = check_artifact(staged.path, FORMAT, check_cases(program, reference), FLOAT_BOUND, "relative")
+            result = check_artifact(staged.path, FORMAT, check_cases(program, reference), FLOAT_BOUND, "relative",
+                                    ranges=ranges, labels=labels)
         manifest = DeployManifest(
             format=FORMAT, artifact=ARTIFACT_FILES[FORMAT], artifact_bytes=artifact.stat().st_size,
-            inputs=reference.input_names, outputs=reference.output_names, dynamic_axes=program.dynamic_axes,
-            quantization="float", source=source, check=result)
+            inputs=reference.input_names, outputs=reference.output_names, dynamic_axes=labels,
+            quantization="float", source=source, check=result, axis_ranges=ranges)
         write_manifest(staged.path, manifest)
         out = staged.commit()
     except BaseException:

@@ -20,6 +20,7 @@ from torch import nn
 from fxforge import ForgeGraph
 from fxforge.deploy import DeployError, export_executorch, read_manifest
 from fxforge.deploy.check import CheckCase, check_artifact
+from fxforge.deploy.manifest import AxisRange
 from fxforge.deploy.signature import inference_signature
 from fxforge.models.zoo import build
 from fxforge.passes.quantize import quantize_transform_pass
@@ -50,7 +51,8 @@ def test_gpt_pte_is_written_and_passes_the_subprocess_check(gpt_pte: Any) -> Non
     assert manifest.format == "pte" and manifest.artifact == "model.pte" and manifest.quantization == "float"
     assert manifest.artifact_bytes == (out / "model.pte").stat().st_size > 100_000  # the weights are inside
     assert manifest.inputs == ("idx",) and manifest.outputs == ("output_0",)
-    assert manifest.dynamic_axes == {"idx": {0: "batch", 1: "seq"}}
+    assert manifest.dynamic_axes == {"idx": {0: "batch", 1: "seq"}, "output_0": {0: "batch", 1: "seq"}}
+    assert manifest.axis_ranges["idx"] == {0: AxisRange(1, 4), 1: AxisRange(1, 64)}  # batch capped at max_batch
     assert read_manifest(out) == manifest and manifest.source == "gpt"
     check = manifest.check
     assert check is not None and check.passed and not check.fxforge_importable

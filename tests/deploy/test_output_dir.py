@@ -75,9 +75,9 @@ def test_previous_deploy_dir_replaced_and_empty_dir_used(tmp_path: Path, gpt: Fo
     out = tmp_path / "out"
     out.mkdir()  # an empty directory is fine
     first = export_onnx(gpt, out, check=False, dynamic_seq=False, source="first")
-    assert first.dynamic_axes == {"idx": {0: "batch"}}
+    assert first.dynamic_axes == {"idx": {0: "batch"}, "output_0": {0: "batch"}}
     second = export_onnx(gpt, out, check=False, source="second")
     assert read_manifest(out) == second and second.source == "second"
-    assert second.dynamic_axes == {"idx": {0: "batch", 1: "seq"}}
+    assert second.dynamic_axes == {"idx": {0: "batch", 1: "seq"}, "output_0": {0: "batch", 1: "seq"}}
     assert sorted(p.name for p in out.iterdir()) == ["deploy.json", "model.onnx"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # staged and previous directories removed
