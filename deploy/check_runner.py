@@ -106,6 +106,9 @@ def _aoti_runner(artifact: Path, input_names: list[str], output_names: list[str]
     import torch
     import torch.utils._pytree as pytree
 
+    # The package checks every input's sizes against its exported ranges only when this is set (see deploy.json's
+    # axis_ranges): without it, a sequence past the bound runs silently on out-of-range positions.
+    os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
     model = torch._inductor.aoti_load_package(str(artifact))
 
     def run(feeds: dict) -> dict:
