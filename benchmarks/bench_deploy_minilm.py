@@ -197,7 +197,7 @@ def ort_spec(path: Path) -> dict[str, Any]:
 
 
 def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rounds: int, work: Path,
-                in_process: bool = False) -> None:
+                in_process: bool = False, realtime: int = 0) -> None:
     """Interleaved medians of every timed variant at each batch size (held-out reviews, --length tokens): each
     runtime in its own worker process (runtime_workers.py), or all in this one with ``in_process``."""
     first = task.eval_batches()[0][0]
@@ -217,7 +217,8 @@ def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rou
     workers: dict[str, RuntimeWorker] = {}
     try:
         for name, v in variants.items():
-            workers[name] = RuntimeWorker({**v.spec, "threads": torch.get_num_threads(), "inputs": files})
+            workers[name] = RuntimeWorker({**v.spec, "threads": torch.get_num_threads(), "inputs": files,
+                                           "realtime": realtime})
         for w in workers.values():
             w.wait_ready()
         for shape in shapes:
@@ -295,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--in-process", action="store_true",
                         help="time every runtime in this process (default: each in its own worker process)")
+    parser.add_argument("--realtime", type=int, default=0, metavar="PRIORITY",
+                        help="run the timing workers at this SCHED_RR priority (root; e.g. 50 on a shared machine)")
     parser.add_argument("--quick", action="store_true", help="64 reviews, 32 calibration reviews, 3 rounds")
     parser.add_argument("--keep", default=None, help="keep the artifacts in this directory")
     parser.add_argument("--json", default=None, help="also write the numbers here")
@@ -305,13 +308,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     print(f"CPU: {lscpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads (ORT "
-          f"intra_op_num_threads the same); load average {os.getloadavg()[0]:.1f}")
+          f"intra_op_num_threads the same); load average {os.getloadavg()[0]:.1f}; timing "
+          + ("in this process" if args.in_process else "each runtime in its own process"
+             + (f" at SCHED_RR {args.realtime}" if args.realtime else "")))
     log = Log()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fxforge-deploy-bench-"))
     try:
         variants, acc, task = build(args, work, log)
         fp32_bytes = variants["ORT fp32"].bytes or 1
-        time_shapes(variants, task, batches, args.rounds, work, args.in_process)
+        time_shapes(variants, task, batches, args.rounds, work, args.in_process, args.realtime)
         log(f"timed {len(variants)} variants at batches {batches}, {args.rounds} rounds")
         for v in variants.values():
             if v.accuracy != v.accuracy:  # NaN: not measured yet

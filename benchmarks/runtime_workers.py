@@ -8,13 +8,16 @@ rounds (benchmarks/timing.py), so load drift hits every variant alike. A worker 
 around the call itself, so pipe latency is not counted.
 
 Protocol (JSON lines on stdin/stdout): the first line is a spec ``{"kind": "ort"|"aoti"|"eager"|"ao", "path":
-..., "names": [...], "threads": n, "inputs": {shape: safetensors file}}``; the worker answers ``{"ready": ...}``,
+..., "names": [...], "threads": n, "inputs": {shape: safetensors file}, "realtime": priority or 0}``
+(a round-robin real-time priority, root only: on a machine shared with other jobs the timed runtime then
+preempts them, the nearest to a quiet machine one can get without one); the worker answers ``{"ready": ...}``,
 then each ``{"run": shape}`` with ``{"s": seconds}``; end of input ends it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -75,6 +78,8 @@ def _serve() -> None:
     from safetensors.torch import load_file
 
     spec = json.loads(sys.stdin.readline())
+    if spec.get("realtime"):  # before any thread pool exists: ORT's and OpenMP's threads inherit the policy
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(int(spec["realtime"])))
     torch.set_num_threads(int(spec["threads"]))
     run = load_runner(spec)
     inputs = {shape: load_file(f) for shape, f in spec["inputs"].items()}
