@@ -196,10 +196,10 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _search(setup, run_dir: Path, n_trials: int, resume: bool = False) -> Search:
+def _search(setup, run_dir: Path, n_trials: int, resume: bool = False, **kw) -> Search:
     mg, task = setup
     return Search(_space(loss_bound=1e-4), ["accuracy", "avg_weight_bits"], base=mg, task=task, n_trials=n_trials,
-                  sampler="random", run_dir=run_dir, resume=resume, progress=False, seed=0)
+                  sampler="random", run_dir=run_dir, resume=resume, progress=False, seed=0, **kw)
 
 
 def test_search_measures_once_enqueues_allocations_first_and_reuses_on_resume(setup, counted, tmp_path: Path) -> None:
@@ -218,6 +218,22 @@ def test_search_measures_once_enqueues_allocations_first_and_reuses_on_resume(se
     assert len(counted) == 1  # read back from the study, not measured again
     assert len(resumed.study.trials) == 8
     assert [t.params for t in resumed.study.trials[:len(expected)]] == expected  # not enqueued twice
+
+
+def test_given_enqueue_outside_the_shaped_space_refused_before_any_trial(setup, counted, tmp_path: Path) -> None:
+    """A hand-written enqueue fits the unshaped space (checked when the Search is made) but is checked again
+    once the prior has restricted the widths: one no layer is left is refused before any trial runs."""
+    study = _search(setup, tmp_path, 1).run().study
+    stored = SensitivityInfo.from_json(study.user_attrs[SENSITIVITY_ATTR])
+    shaped = _space(loss_bound=1e-4).bind(setup[0]).with_sensitivity(stored)
+    layer, allowed = next((k, v) for k, v in shaped.widths_by_layer.items() if len(v) < len(WIDTHS))
+    removed = next(w for w in WIDTHS if w not in allowed)
+    params = {f"{k}:integer:{role}_width": 8 for k in ("fc1", "fc2") for role in ("data_in", "weight")}
+    params[f"{layer}:integer:weight_width"] = removed
+    search = _search(setup, tmp_path, 3, resume=True, enqueue=[params])  # fits the unshaped space
+    with pytest.raises(SearchError, match="enqueue"):
+        search.run()
+    assert len([t for t in study.trials if t.state.is_finished()]) == 1
 
 
 @pytest.mark.parametrize("edit", ["not an object", {"layers": [{"name": "fc1", "params": -5, "quant": [[8, "x"]]}]},
