@@ -198,9 +198,9 @@ def study_sensitivity(study: optuna.Study, space: SearchSpace, base: ForgeGraph 
                               f"({exc}); start a new study") from None
     if base is None or task is None:
         raise SearchError("prior='sensitivity' needs the base graph and a task with calibration data")
-    info = measure(space, base, task)
-    study.set_user_attr(SENSITIVITY_ATTR, info.to_json())
-    return info
+    study.set_user_attr(SENSITIVITY_ATTR, measure(space, base, task).to_json())
+    # what the study holds now, as every resume reads it (a worker that measured at the same time wrote last)
+    return SensitivityInfo.from_json(study.user_attrs[SENSITIVITY_ATTR])
 
 
 def apply_prior(space: SearchSpace, study: optuna.Study, base: ForgeGraph | None,
