@@ -248,7 +248,7 @@ def test_hostile_stored_sensitivity_refused_on_resume(setup, counted, tmp_path: 
     assert len([t for t in study.trials if t.state.is_finished()]) == 1 and len(counted) == 1
 
 
-@pytest.mark.slow_search  # ~10 s under load: the pass's first per-sample gradients on BERT, and two trials
+@pytest.mark.slow_search  # 16-54 s on the shared machine: the pass on BERT (first per-sample gradients) and 2 trials
 def test_pruning_prior_on_tiny_bert_enqueues_head_and_ffn_allocations(counted, tmp_path: Path) -> None:
     """Tiny BERT's attention heads and FFN units measured once; the first trials are the allocations, each
     sparsity within the group's allowed ones, on the space's own parameter names."""
