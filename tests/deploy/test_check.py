@@ -218,3 +218,19 @@ def test_runner_imports_nothing_from_fxforge() -> None:
             imported.update(alias.name.split(".")[0] for alias in node.names)
     assert imported <= allowed and "fxforge" not in imported
     assert {"torch", "onnxruntime", "safetensors"} <= imported
+
+
+def test_runner_check_ranges_reads_a_deploy_json() -> None:
+    """A consumer without fxforge checks its inputs against deploy.json's axis_ranges with the runner's
+    check_ranges; a version 1 manifest (no ranges) passes anything."""
+    import runpy
+
+    check_ranges = runpy.run_path(str(RUNNER))["check_ranges"]
+    manifest = {"dynamic_axes": {"x": {"0": "batch", "1": "seq"}},
+                "axis_ranges": {"x": {"0": {"min": 1, "max": 8}, "1": {"min": 2, "max": None}}}}
+    check_ranges({"x": torch.zeros(8, 2, 8), "mask": torch.zeros(9, 1)}, manifest)  # mask has no range
+    with pytest.raises(ValueError, match=r"input 'x' axis 0 \(batch\) has size 9, outside the artifact's range 1\.\.8"):
+        check_ranges({"x": torch.zeros(9, 5, 8)}, manifest)
+    with pytest.raises(ValueError, match=r"input 'x' axis 1 \(seq\) has size 1, outside the artifact's range 2\.\."):
+        check_ranges({"x": torch.zeros(2, 1, 8)}, manifest)
+    check_ranges({"x": torch.zeros(99, 1, 8)}, {"dynamic_axes": {"x": {"0": "batch"}}})
