@@ -48,7 +48,8 @@ Overrides = dict[str, torch.Tensor]
 def weight_spec(fmt: str, width: int, params: Mapping[str, Any] | None) -> RoleSpec:
     """The weight role's spec at ``width`` (integer defaults to ``frac_width: "auto"``, per output row)."""
     fmt_def = get_format(fmt)
-    given = dict(params) if params is not None else ({"frac_width": AUTO} if fmt_def.name == "integer" else {})
+    given: dict[str, Any] = dict(params) if params is not None else (
+        {"frac_width": AUTO} if fmt_def.name == "integer" else {})
     given["width"] = width
     return RoleSpec(fmt_def.name, tuple(sorted(check_role_params(fmt_def, given, "weight").items())))
 
@@ -135,8 +136,8 @@ class Evaluator:
         for batch in self.batches:
             values = list(batch.values()) if isinstance(batch, Mapping) else list(batch) \
                 if isinstance(batch, tuple | list) else [batch]
-            sizes = {v.shape[0] if isinstance(v, torch.Tensor) and v.dim() else None for v in values}
-            if len(sizes) != 1 or None in sizes or isinstance(batch, ExampleInputs):
+            sizes = {v.shape[0] if isinstance(v, torch.Tensor) and v.dim() else -1 for v in values}
+            if len(sizes) != 1 or -1 in sizes or isinstance(batch, ExampleInputs):
                 yield batch
                 continue
             for i in range(sizes.pop()):
@@ -219,7 +220,8 @@ def target_layers(gm: fx.GraphModule, targets: tuple[str, ...]) -> dict[str, str
     """Layer name (as quantize configs ``by: name`` and MixedPrecisionSpace name it) -> its weight's key."""
     out: dict[str, str] = {}
     for node, name, module, _ in select_nodes(gm, {"type": list(targets)}, modules_only=True):
-        if isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() >= 2:
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.dim() >= 2:
             out.setdefault(name, f"{node.target}.weight")
     return out
 
@@ -290,7 +292,7 @@ def sensitivity_analysis_pass(graph: ForgeGraph, args: SensitivityArgs) -> tuple
     if not keys:
         raise PassArgsError(f"{PASS}: the graph has no layer of type {list(args.targets)} with a weight")
     ev = Evaluator(graph, batches, args.loss_fn)
-    params = dict(gm.named_parameters(remove_duplicate=False))
+    params: dict[str, torch.Tensor] = dict(gm.named_parameters(remove_duplicate=False))
     with _eval_mode(gm):
         lossy = ev.has_loss()
         if args.method != "sqnr" and not lossy:

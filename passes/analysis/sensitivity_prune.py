@@ -20,6 +20,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+import torch.nn as nn
 
 from ..prune.ffn import ffn_layers
 from ..prune.groups import GroupError, analyse_dependencies
@@ -60,11 +61,12 @@ def _find_groups(graph: ForgeGraph) -> list[_Group]:
             continue  # a head that cannot be removed (or feeds no Linear) is no prune candidate
         layers = [dep.units[m][0] for r in roots for m in classes[r]]
         groups.append(_Group(node, "heads", [feeds[r] for r in roots], layers))
-    linears = {name: m for _, name, m, _ in select_nodes(gm, {"type": ["linear"]}, modules_only=True)}
+    linears = {name: m for _, name, m, _ in select_nodes(gm, {"type": ["linear"]}, modules_only=True)
+               if isinstance(m, nn.Linear)}
     seen: set[str] = set()
     for path, (why, partners) in ffn_layers(dep, linears, dict(gm.named_modules())).items():
         key = min(partners) if partners else path
-        if why or key in seen:
+        if why or key in seen or key not in linears:
             continue
         seen.add(key)
         roots = list(dict.fromkeys(dep.root(key, r) for r in range(linears[key].weight.shape[0])))
