@@ -5,7 +5,8 @@ directory, runs deploy/check_runner.py with ``python -I`` in a clean environment
 document it prints. That output comes from another process running an arbitrary artifact, so it is parsed as
 hostile input: bounded size, strict JSON, every key and type checked. A case passes when its error (relative to
 the largest expected magnitude, or in quantization steps) is within the bound; a missing output, a wrong shape
-or a non-finite value where the graph's is finite is a DeployError naming the output and the case.
+or a non-finite value where the graph's is finite is a DeployError naming the output and the case, and so is a
+case outside the manifest's ``axis_ranges`` (the runner refuses it, as a consumer's loader should).
 """
 
 from __future__ import annotations

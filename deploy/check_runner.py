@@ -2,9 +2,11 @@
 
 Started by deploy/check.py as ``python -I check_runner.py --format onnx|aoti|pte --artifact FILE --cases DIR`` in a
 fresh process. It first makes ``fxforge`` unimportable (the checkout is installed in editable mode, so a plain
-interpreter would import it), so the artifact is proven to run without fxforge's code. This file is a
-standalone script: stdlib, numpy, torch, onnxruntime, executorch and safetensors only; never fxforge, no relative
-imports.
+interpreter would import it), so the artifact is proven to run without fxforge's code. A case whose input axis is
+outside the ranges deploy.json records is refused before it runs (:func:`check_ranges`, which any consumer can
+call on a deploy.json document), and AOTInductor packages are loaded with their own input checks on
+(``AOTI_RUNTIME_CHECK_INPUTS=1``). This file is a standalone script: stdlib, numpy, torch, onnxruntime,
+executorch and safetensors only; never fxforge, no relative imports.
 """
 
 from __future__ import annotations
