@@ -6,7 +6,9 @@ staged sibling directory, check it in a fresh subprocess without fxforge (deploy
 against the fxforge graph's own outputs, write the manifest and move the directory into place. A failed check
 still leaves the artifact and its manifest (so ``fxforge inspect`` shows what was measured) and raises. Axes
 asked dynamic that stay static (the guard fixes them, torch.export specialises them, or ONNX Runtime cannot run
-them) are warned once and left out of the manifest's ``dynamic_axes``.
+them) are warned once and left out of the manifest's ``dynamic_axes``. The manifest records each dynamic axis's
+allowed sizes (``axis_ranges``, outputs' axes following inputs'); an ONNX file carries a range guard that makes
+ONNX Runtime refuse an input outside them, naming it (deploy/onnx_ranges.py).
 
 Quantized graphs: ONNX exports the QDQ rewrite of the graph (deploy/qdq.py) and is checked in quantization steps
 against fxforge's simulated outputs; AOTInductor compiles the simulated graph itself (its fake-quant ops are
