@@ -238,6 +238,14 @@ class RungWalk:
             out["pruned"] = dict(self.pruned)
         return out
 
+    def _judged(self) -> str:
+        """What the pruner found wrong with a value it stopped (its rule in a phrase)."""
+        if self.pruner in ("successive_halving", "hyperband"):
+            return f"not in the top 1/{self.fidelity.reduction_factor} of the trials measured at that rung"
+        if self.pruner == "median":
+            return "worse than the median of the other trials at that budget"
+        return "judged hopeless by the pruner"
+
     def _measure(self, graph: ForgeGraph, rung: int) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
         return measure_objectives(self.objectives, graph, self.measured.at(self.fidelity.samples(rung)))
 
@@ -245,7 +253,8 @@ class RungWalk:
         import optuna
 
         fid = self.fidelity
-        entry = {"rung": rung, "step": fid.budget(rung), "train_steps": fid.steps[rung] if fid.steps else None,
+        entry = {"rung": rung, "step": fid.budget(rung),
+                 "train_steps": fid.steps[rung] if self.walks_in_training else None,
                  "eval_samples": fid.samples(rung), "values": dict(values)}
         self.rungs.append(entry)
         if not self.reporting or self.trial is None:
@@ -258,7 +267,7 @@ class RungWalk:
         where = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in entry.items()
                           if k in ("train_steps", "eval_samples") and v is not None)
         reason = (f"pruner {self.pruner!r} stopped the trial at rung {rung} of {fid.n_rungs} ({where}): {name} "
-                  f"{value:.4g} was not among the best of the trials measured at that rung")
+                  f"{value:.4g} was {self._judged()}")
         self.pruned = {"rung": rung, "step": fid.budget(rung), "objective": name, "value": value,
                        "pruner": self.pruner, "reason": reason}
         raise optuna.TrialPruned(reason)
