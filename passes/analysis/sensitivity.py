@@ -263,15 +263,19 @@ def _fisher(ev: Evaluator, leaves: dict[str, torch.Tensor]) -> dict[str, torch.T
 
 
 def _hutchinson(ev: Evaluator, leaves: dict[str, torch.Tensor], probes: int, seed: int) -> dict[str, torch.Tensor]:
-    """Each weight's Hessian-block trace, E[v^T H v] over Rademacher probes v (one probe spans every layer:
-    cross-block terms vanish in expectation), averaged over batches and probes."""
+    """Each weight's Hessian-block trace, E[v^T H_ll v] over Rademacher probes v of that layer alone (a probe
+    spanning every layer adds the other blocks' coupling to each estimate's variance), averaged over batches."""
     gen = torch.Generator().manual_seed(seed)
     acc = {k: torch.zeros((), dtype=torch.float64) for k in leaves}
     for fresh, grads in ev.grads(leaves, create_graph=True):
-        for p in range(probes):
-            vs = [(torch.randint(0, 2, w.shape, generator=gen) * 2 - 1).to(w.dtype) for w in fresh]
-            hvs = torch.autograd.grad(grads, fresh, grad_outputs=vs, retain_graph=p < probes - 1, allow_unused=True)
-            for k, v, hv in zip(leaves, vs, hvs):
+        last = len(leaves) * probes - 1
+        for i, (k, w, g) in enumerate(zip(leaves, fresh, grads)):
+            if not g.requires_grad:
+                continue  # the loss does not depend on this weight twice: its block is zero
+            for p in range(probes):
+                v = (torch.randint(0, 2, w.shape, generator=gen) * 2 - 1).to(w.dtype)
+                (hv,) = torch.autograd.grad(g, w, grad_outputs=v, retain_graph=i * probes + p < last,
+                                            allow_unused=True)
                 if hv is not None:
                     acc[k] += (v * hv.detach()).double().sum()
     return {k: a / (len(ev.batches) * probes) for k, a in acc.items()}
