@@ -4,10 +4,12 @@ Per quantizable layer (every Linear by default) and candidate width, the weight 
 ``quantize_transform_pass`` would quantize it (the same :class:`Quantize` module, role ``weight``, per
 output row), giving a perturbation ``dW``; the loss increase is then estimated on calibration batches:
 
-* ``fisher``: ``0.5 * sum(F * dW^2)`` with ``F`` the empirical Fisher diagonal (squared batch gradients,
-  averaged over batches): the second-order Taylor term with the Fisher for the Hessian.
+* ``fisher``: ``0.5 * sum(F * dW^2)`` with ``F`` the empirical Fisher diagonal (squared per-sample gradients,
+  averaged over the calibration samples): the second-order Taylor term with the Fisher for the Hessian.
 * ``hessian_trace``: ``0.5 * Tr(H_l) / n_l * ||dW||^2`` (HAWQ-V3), the layer's Hessian-block trace estimated
-  by Hutchinson's method (Rademacher probes, Hessian-vector products by double backward).
+  by Hutchinson's method (``probes`` Rademacher probes per layer and batch, Hessian-vector products by double
+  backward). The trace can be negative away from a minimum or through saturating activations (tanh poolers);
+  the estimate is then negative too, and ranks that layer as insensitive.
 * ``sqnr``: the layer alone runs quantized and the model output's noise power over its signal power is
   measured (loss-free; a loss-like score that grows with the noise).
 
