@@ -95,6 +95,9 @@ def search(
                                      "study.")] = None,
     results: Annotated[Path | None, typer.Option(help="Write the results JSON here (for `fxforge report "
                                                       "--search`).")] = None,
+    mlflow: Annotated[str | None, typer.Option(
+        help="Also log one MLflow run per trial: a directory (an SQLite store in it), sqlite:///FILE, file:///DIR "
+             "or a tracking server http(s)://HOST:PORT (the config's `mlflow = true`: run_dir/mlflow).")] = None,
     output_root: OutputRoot = None,
     allow_outside_root: AllowOutside = False,
 ) -> None:
@@ -107,7 +110,7 @@ def search(
     A study of that name made from a different config is refused: use --study NAME for a new one.
     """
     overrides: dict[str, Any] = {k: v for k, v in (("storage", storage), ("n_trials", n_trials),
-                                                   ("resume", resume)) if v is not None}
+                                                   ("resume", resume), ("mlflow", mlflow)) if v is not None}
     if results is not None:  # an unwritable results file is refused now, not after the whole search ran
         _feature("fxforge.search.paths", "check_writable_file", "searches")(results, "--results")
     if config == "worker":

@@ -4,7 +4,8 @@ what a worker on another machine rebuilds from the study itself.
 ::
 
     [search]                      # study_name, n_trials, sampler, pruner, objectives, storage, run_dir, seed,
-                                  # resume (default true: a rerun continues the study its config made)
+                                  # resume (default true: a rerun continues the study its config made),
+                                  # mlflow (true or a tracking URI: one MLflow run per trial)
     study_name = "minilm-joint"
     objectives = ["accuracy", "avg_weight_bits"]
     [model]                       # a models.zoo name ("minilm", "tiny-bert", ...) or checkpoint = "path/to/ckpt"
@@ -33,6 +34,7 @@ import optuna
 from ..graph.output_paths import resolve_output_path
 from ..graph.toml_file import load_toml_file
 from .errors import SearchError
+from .mlflow_log import confine_local_target
 from .objectives import Constraint
 from .runner import CONFIG_ATTR, Search
 from .space import space_from_spec
@@ -49,8 +51,10 @@ _NUM = ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, b
 _BOOL = ("a bool", lambda v: isinstance(v, bool))
 _STRS = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
 _TABLE = ("a table", lambda v: isinstance(v, dict))
+_MLFLOW = ("true/false or a tracking URI string", lambda v: isinstance(v, bool | str))
 _SEARCH_TYPES = {"study_name": _STR, "n_trials": _INT, "sampler": _STR, "pruner": _STR, "objectives": _STRS,
-                 "storage": _STR, "run_dir": _STR, "seed": _INT, "resume": _BOOL, "timeout": _NUM}
+                 "storage": _STR, "run_dir": _STR, "seed": _INT, "resume": _BOOL, "timeout": _NUM,
+                 "mlflow": _MLFLOW}
 _MODEL_TYPES = {"name": _STR, "checkpoint": _STR, "hf_input_names": _STRS, "num_labels": _INT}
 _TASK_TYPES = {"dataset": _STR, "checkpoint": _STR, "train_size": _INT, "eval_size": _INT, "max_length": _INT,
                "train_args": _TABLE, "eval_batch_size": _INT, "report_every": _INT, "progress": _BOOL,
@@ -128,7 +132,7 @@ def _base_graph(model: Mapping[str, Any]) -> Any:
     return ForgeGraph(built.model.eval(), share_weights=True, **capture)  # built here: no second copy of its weights
 
 
-_RUN_LENGTH = ("n_trials", "timeout", "resume", "storage")  # may change between runs of one study
+_RUN_LENGTH = ("n_trials", "timeout", "resume", "storage", "mlflow")  # may change between runs of one study
 
 
 def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,6 +180,8 @@ def _confine(section: dict[str, Any], given: Mapping[str, Any], root: str | Path
             section["storage"] = resolve("storage", storage)
         elif storage.startswith("sqlite:///") and storage != "sqlite:///":
             section["storage"] = "sqlite:///" + resolve("storage", storage.removeprefix("sqlite:///"))
+    if "mlflow" not in given and isinstance(section.get("mlflow"), str):  # a local MLflow store is written too
+        section["mlflow"] = confine_local_target(section["mlflow"], lambda p: resolve("mlflow", p))
 
 
 def search_from_config(config: Mapping[str, Any], *, output_root: str | Path | None = None,

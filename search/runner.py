@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ..graph.forge_graph import ForgeGraph
 from ..pipelines import Pipeline
 from .checks import check_run_settings
 from .errors import SearchError
+from .mlflow_log import MlflowTrialLog, mlflow_target
 from .objectives import Constraint, Objective, measure_objectives, resolve_objectives
 from .prefix_cache import PrefixCache, open_prefix_cache
 from .priors import apply_prior, check_prior
@@ -161,6 +163,8 @@ class Search:
         enqueue: parameter sets evaluated first (Optuna's ``enqueue_trial``), e.g. the configuration one would
             pick by hand, to compare with what the search finds; checked against the space before anything
             runs, and skipped on resume when the study already holds them.
+        mlflow: log one MLflow run per finished trial: True (an SQLite store in ``run_dir/mlflow``), a directory,
+            ``sqlite:///FILE``, ``file:///DIR`` or a tracking server ``http(s)://HOST:PORT`` (search/mlflow_log.py).
         prefix_cache: where trials that differ only after their fine-tune share its result (search/prefix_cache.py):
             True (``run_dir/prefix-cache``), a directory, a PrefixCache (e.g. with another size cap), or None.
     """
@@ -184,6 +188,7 @@ class Search:
     on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
     config_json: str | None = None
     enqueue: Sequence[Mapping[str, Any]] = ()
+    mlflow: bool | str | None = None
     prefix_cache: str | Path | PrefixCache | bool | None = True
 
     def __post_init__(self) -> None:
@@ -204,6 +209,7 @@ class Search:
         self.run_dir = Path(self.run_dir)
         self._prefix_cache = open_prefix_cache(self.prefix_cache, self.run_dir, self.base)
         self.storage_spec().check_file(self.run_dir)  # a malformed URL or unwritable file: refused before any trial
+        self._mlflow = mlflow_target(self.mlflow, self.run_dir)  # a bad tracking URI: refused before any trial
         self._bound = self.space.bind(self.base)
         check_prior(self._bound, self.task)  # prior="sensitivity" measures on the task's calibration batches
         self._baseline: dict[str, float] = {}
@@ -339,9 +345,11 @@ class Search:
         if self.on_trial is not None:
             callbacks.append(self.on_trial)
         done = self._finished.refresh(study)
-        if done < self.n_trials:
-            with _progress(self, study, done) as bar:
-                study.optimize(self.evaluate, n_trials=None, timeout=self.timeout, callbacks=[*callbacks, bar])
+        with MlflowTrialLog(self, study) if self._mlflow else nullcontext([]) as logged:  # mlflow=: a run per trial
+            if done < self.n_trials:
+                with _progress(self, study, done) as bar:
+                    study.optimize(self.evaluate, n_trials=None, timeout=self.timeout,
+                                   callbacks=[*callbacks, *logged, bar])
         return SearchResult(study, [o.name for o in self._objectives], self._baseline, self)
 
 
