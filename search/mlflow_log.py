@@ -184,6 +184,9 @@ class MlflowTrialLog:
         first imported, a warning for MLflow's authors that fxforge's users can do nothing about."""
         if self.target.uri.lower().startswith(("http://", "https://")):
             self._probe_server()
+        # MLflow 3 sends usage telemetry to its authors by default: a search logging its trials does not opt its
+        # user in. Set MLFLOW_DISABLE_TELEMETRY=false to allow it.
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r"The ``noload`` loader strategy is deprecated")

@@ -5,6 +5,7 @@ before any trial; mlflow imported only when asked."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,17 @@ def test_default_store_is_sqlite_in_the_run_dir(setup, tmp_path: Path) -> None:
     assert db.is_file()
     _, runs = _runs(f"sqlite:///{db}", "mlf")
     assert sorted(runs) == [t.number for t in result.study.trials]
+
+
+def test_logging_does_not_opt_the_user_into_mlflow_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxforge.search.mlflow_log import MlflowTrialLog, mlflow_target
+
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the file store opens in milliseconds, SQLite in seconds
+    log = MlflowTrialLog.__new__(MlflowTrialLog)
+    log.target = mlflow_target((tmp_path / "store").as_uri(), tmp_path)
+    log._open_client()
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")  # a user's own choice is kept
+    log._open_client()
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
