@@ -270,8 +270,8 @@ def targets(rows: dict[str, Any], shape: str, length: int) -> dict[str, Any]:
         f"fxforge ONNX int8 {_f(i8)}x <= {TARGETS['int8_x_eager']}x fp32 eager": le(i8, TARGETS["int8_x_eager"]),
         f"shrunk + int8 {_f(sh)}x <= {TARGETS['shrunk_x_eager']}x": le(sh, TARGETS["shrunk_x_eager"]),
         f"AOTInductor {_f(ao)}x <= {TARGETS['aoti_x_eager']}x": le(ao, TARGETS["aoti_x_eager"])}
-    for name, r in rows.items():
-        if r["bytes"] is not None:
+    for name, r in rows.items():  # fxforge's artifacts; ORT's own quantizers are references (their rows say)
+        if r["bytes"] is not None and name not in ORT_OWN:
             checks[f"{name} accuracy {r['diff_pt']:+.1f} pt within {TARGETS['accuracy_pt']} pt of {r['reference']}"] = \
                 abs(r["diff_pt"]) <= TARGETS["accuracy_pt"]
     print(f"\ntargets at {shape}{length} (facts of this run, noisy machine):")
