@@ -8,6 +8,9 @@ what a worker on another machine rebuilds from the study itself.
                                   # mlflow (true or a tracking URI: one MLflow run per trial)
     study_name = "minilm-joint"
     objectives = ["accuracy", "avg_weight_bits"]
+    [search.fidelity]             # rungs of growing budgets (search/fidelity.py): steps, eval_samples; e.g.
+    steps = [50, 150, 450]        # with pruner = "successive_halving" and a single objective
+    eval_samples = [100, 250, 500]
     [model]                       # a models.zoo name ("minilm", "tiny-bert", ...) or checkpoint = "path/to/ckpt"
     name = "minilm"
     hf_input_names = ["input_ids", "attention_mask", "labels"]
@@ -34,6 +37,7 @@ import optuna
 from ..graph.output_paths import resolve_output_path
 from ..graph.toml_file import load_toml_file
 from .errors import SearchError
+from .fidelity import Fidelity
 from .mlflow_log import confine_local_target
 from .objectives import Constraint
 from .runner import CONFIG_ATTR, Search
@@ -54,7 +58,7 @@ _TABLE = ("a table", lambda v: isinstance(v, dict))
 _MLFLOW = ("true/false or a tracking URI string", lambda v: isinstance(v, bool | str))
 _SEARCH_TYPES = {"study_name": _STR, "n_trials": _INT, "sampler": _STR, "pruner": _STR, "objectives": _STRS,
                  "storage": _STR, "run_dir": _STR, "seed": _INT, "resume": _BOOL, "timeout": _NUM,
-                 "mlflow": _MLFLOW}
+                 "mlflow": _MLFLOW, "fidelity": _TABLE}
 _MODEL_TYPES = {"name": _STR, "checkpoint": _STR, "hf_input_names": _STRS, "num_labels": _INT}
 _TASK_TYPES = {"dataset": _STR, "checkpoint": _STR, "train_size": _INT, "eval_size": _INT, "max_length": _INT,
                "train_args": _TABLE, "eval_batch_size": _INT, "report_every": _INT, "progress": _BOOL,
@@ -201,6 +205,8 @@ def search_from_config(config: Mapping[str, Any], *, output_root: str | Path | N
     _check("top level", config, _SECTIONS)
     section = {"resume": True, **_typed("[search]", config.get("search", {}), _SEARCH_TYPES), **overrides}
     _check("search", section, _SEARCH_KEYS)
+    if "fidelity" in section:  # a bad schedule is refused before anything is built
+        section["fidelity"] = Fidelity.from_spec(section["fidelity"])
     if isinstance(section.get("storage"), str):
         StorageSpec(section["storage"])  # a malformed URL (sqlite:/x.db) is refused, not confined as a path
     _confine(section, overrides, output_root, allow_outside_root)

@@ -23,6 +23,7 @@ from ..graph.forge_graph import ForgeGraph
 from ..pipelines import Pipeline
 from .checks import check_run_settings
 from .errors import SearchError
+from .fidelity import Fidelity, FidelityTask, RungWalk, fidelity_task
 from .mlflow_log import MlflowTrialLog, mlflow_target
 from .objectives import Constraint, Objective, measure_objectives, resolve_objectives
 from .prefix_cache import PrefixCache, open_prefix_cache
@@ -154,7 +155,8 @@ class Search:
         base: the graph every trial copies (not needed by a pure NAS space).
         task: evaluation data (and training, for spaces that fine-tune).
         n_trials: the study's target count of finished (complete or pruned) trials.
-        sampler / pruner: by name (samplers: tpe, nsga2, random, grid, gp; pruners: median, hyperband).
+        sampler / pruner: by name (samplers: tpe, nsga2, random, grid, gp; pruners: median,
+            successive_halving, hyperband).
         storage: None (journal file in ``run_dir``), a journal path, ``sqlite:///…`` or ``postgresql://…``, or a
             StorageSpec (e.g. with another heartbeat interval and grace period).
         resume: continue an existing study of the same name and space (else an existing one is refused).
@@ -163,6 +165,10 @@ class Search:
         enqueue: parameter sets evaluated first (Optuna's ``enqueue_trial``), e.g. the configuration one would
             pick by hand, to compare with what the search finds; checked against the space before anything
             runs, and skipped on resume when the study already holds them.
+        fidelity: a rung schedule (:class:`~fxforge.search.fidelity.Fidelity` or ``{"steps": [...],
+            "eval_samples": [...]}``): each trial trains and is measured at growing budgets, reports each rung
+            to the pruner (successive_halving / hyperband take their resources from it), and its value is the
+            last rung's; ``task`` is then the given task seen at the last rung (``task.inner`` is the given one).
         mlflow: log one MLflow run per finished trial: True (an SQLite store in ``run_dir/mlflow``), a directory,
             ``sqlite:///FILE``, ``file:///DIR`` or a tracking server ``http(s)://HOST:PORT`` (search/mlflow_log.py).
         prefix_cache: where trials that differ only after their fine-tune share its result (search/prefix_cache.py):
@@ -188,6 +194,7 @@ class Search:
     on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
     config_json: str | None = None
     enqueue: Sequence[Mapping[str, Any]] = ()
+    fidelity: Fidelity | Mapping[str, Any] | None = None
     mlflow: bool | str | None = None
     prefix_cache: str | Path | PrefixCache | bool | None = True
 
@@ -200,7 +207,9 @@ class Search:
                 raise SearchError(f"constraint on {c.objective!r}, which is not an objective ({sorted(names)})")
         if self.sampler not in SAMPLERS:
             raise SearchError(f"unknown sampler {self.sampler!r}; choose from {list(SAMPLERS)}")
-        make_pruner(self.pruner)
+        self.task, self._fidelity = fidelity_task(self.task, self.fidelity, self._objectives)
+        self.fidelity = self._fidelity
+        make_pruner(self.pruner, self._fidelity)  # a schedule Optuna's rungs cannot follow: refused here
         if self.pruner not in (None, "none") and len(self._objectives) > 1:
             raise SearchError("pruners need a single objective (Optuna cannot report intermediate values of a "
                               "multi-objective trial); drop the pruner or keep one objective")
@@ -249,7 +258,7 @@ class Search:
         if self.study_name in existing:
             held = len(storage.get_all_trials(storage.get_study_id_from_name(self.study_name), deepcopy=False))
             study = optuna.load_study(study_name=self.study_name, storage=storage,
-                                      sampler=self._make_sampler(held), pruner=make_pruner(self.pruner))
+                                      sampler=self._make_sampler(held), pruner=make_pruner(self.pruner, self._fidelity))
             if study.user_attrs.get(SPACE_ATTR) not in (None, spec):
                 raise SearchError(f"study {self.study_name!r} exists with a different search space; "
                                   "choose another study_name (or run_dir)")
@@ -262,7 +271,7 @@ class Search:
             fail_stale_trials(study, storage, where)  # what a killed process left RUNNING: failed, re-queued
             return study
         study = optuna.create_study(storage=storage, study_name=self.study_name, directions=directions,
-                                    sampler=self._make_sampler(0), pruner=make_pruner(self.pruner))
+                                    sampler=self._make_sampler(0), pruner=make_pruner(self.pruner, self._fidelity))
         study.set_user_attr(SPACE_ATTR, spec)
         study.set_user_attr(OBJECTIVES_ATTR, objectives)
         if self.config_json is not None:
@@ -314,14 +323,24 @@ class Search:
         graph = self.start_graph(plan)
         pipelines = plan_pipelines(plan, self.task, graph, f"trial {trial.number}")
         t2 = time.perf_counter()
+        # with a fidelity, the walk trains at the rungs' budgets and reports each rung; its last is the value
+        walk = (RungWalk(self.task, self._objectives, trial, pipelines[1], self.pruner, plan.train)
+                if isinstance(self.task, FidelityTask) else None)
         ran: dict[str, Any] = {}  # e.g. ran["prefix_cache"]: "hit" or "miss"
-        graph = run_plan(graph, plan, pipelines, self.task, trial if len(self._objectives) == 1 else None,
-                         self._prefix_cache, ran)
-        t3 = time.perf_counter()
-        values, notes = measure_objectives(self._objectives, graph, self.task)
+        try:
+            graph = run_plan(graph, plan, pipelines, walk.task if walk else self.task,
+                             trial if len(self._objectives) == 1 else None, self._prefix_cache, ran)
+            t3 = time.perf_counter()
+            values, notes = walk.finish(graph) if walk else measure_objectives(self._objectives, graph, self.task)
+        except optuna.TrialPruned:
+            if walk is not None:  # the rungs measured, and at which one the pruner stopped it and why
+                trial.set_user_attr(RESULT_ATTR, walk.result())
+            raise
         t4 = time.perf_counter()
         result: dict[str, Any] = {"values": values, **ran,
                                   "timing_s": {"sample": t1 - t0, "build": t2 - t1, "run": t3 - t2, "measure": t4 - t3}}
+        if walk is not None:
+            result["rungs"] = walk.rungs
         if notes:  # e.g. notes["latency_ms"]["timed"]: "lowered" or "simulated"
             result["notes"] = notes
         if self.constraints:
