@@ -5,7 +5,8 @@ what a worker on another machine rebuilds from the study itself.
 
     [search]                      # study_name, n_trials, sampler, pruner, objectives, storage, run_dir, seed,
                                   # resume (default true: a rerun continues the study its config made),
-                                  # mlflow (true or a tracking URI: one MLflow run per trial)
+                                  # mlflow (true or a tracking URI: one MLflow run per trial), prefix_cache
+                                  # (default true: run_dir/prefix-cache; false, or a directory)
     study_name = "minilm-joint"
     objectives = ["accuracy", "avg_weight_bits"]
     [search.fidelity]             # rungs of growing budgets (search/fidelity.py): steps, eval_samples; e.g.
@@ -58,7 +59,8 @@ _TABLE = ("a table", lambda v: isinstance(v, dict))
 _MLFLOW = ("true/false or a tracking URI string", lambda v: isinstance(v, bool | str))
 _SEARCH_TYPES = {"study_name": _STR, "n_trials": _INT, "sampler": _STR, "pruner": _STR, "objectives": _STRS,
                  "storage": _STR, "run_dir": _STR, "seed": _INT, "resume": _BOOL, "timeout": _NUM,
-                 "mlflow": _MLFLOW, "fidelity": _TABLE}
+                 "mlflow": _MLFLOW, "fidelity": _TABLE,
+                 "prefix_cache": ("true/false or a directory", lambda v: isinstance(v, bool | str))}
 _MODEL_TYPES = {"name": _STR, "checkpoint": _STR, "hf_input_names": _STRS, "num_labels": _INT}
 _TASK_TYPES = {"dataset": _STR, "checkpoint": _STR, "train_size": _INT, "eval_size": _INT, "max_length": _INT,
                "train_args": _TABLE, "eval_batch_size": _INT, "report_every": _INT, "progress": _BOOL,
@@ -136,7 +138,8 @@ def _base_graph(model: Mapping[str, Any]) -> Any:
     return ForgeGraph(built.model.eval(), share_weights=True, **capture)  # built here: no second copy of its weights
 
 
-_RUN_LENGTH = ("n_trials", "timeout", "resume", "storage", "mlflow")  # may change between runs of one study
+_RUN_LENGTH = ("n_trials", "timeout", "resume", "storage", "mlflow",  # may change between runs of one study
+               "prefix_cache")
 
 
 def _identity(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,6 +187,8 @@ def _confine(section: dict[str, Any], given: Mapping[str, Any], root: str | Path
             section["storage"] = resolve("storage", storage)
         elif storage.startswith("sqlite:///") and storage != "sqlite:///":
             section["storage"] = "sqlite:///" + resolve("storage", storage.removeprefix("sqlite:///"))
+    if "prefix_cache" not in given and isinstance(section.get("prefix_cache"), str):  # written: confined too
+        section["prefix_cache"] = resolve("prefix_cache", section["prefix_cache"])
     if "mlflow" not in given and isinstance(section.get("mlflow"), str):  # a local MLflow store is written too
         section["mlflow"] = confine_local_target(section["mlflow"], lambda p: resolve("mlflow", p))
 

@@ -120,3 +120,21 @@ def test_weight_bits_counts_each_weight_at_its_stored_format() -> None:
     quantized, _ = passes.quantize_transform_pass(graph.copy(), config)
     assert weight_bits(quantized) == 8 * 12 + 4 * 3 + 32 * (3 * 2 + 2)
     assert OBJECTIVES["weight_bits"].measure(quantized, None) == weight_bits(quantized)
+
+
+@pytest.mark.filterwarnings("ignore::fxforge.passes.quantize.zeroed.QuantizationWarning")  # CONFIG's coarse space
+def test_prefix_cache_key_is_typed_confined_and_off_when_false(tmp_path: Path) -> None:
+    config = _config(tmp_path, objectives=["weight_bits"])
+    del config["task"]  # building the search is enough; no trial runs
+    default = search_from_config(config, output_root=tmp_path)
+    assert default._prefix_cache is not None and default._prefix_cache.root == tmp_path / "run" / "prefix-cache"
+    off = search_from_config({**config, "search": {**config["search"], "prefix_cache": False}}, output_root=tmp_path)
+    assert off._prefix_cache is None
+    named = search_from_config({**config, "search": {**config["search"], "prefix_cache": "shared-cache"}},
+                               output_root=tmp_path)
+    assert named._prefix_cache is not None and named._prefix_cache.root == tmp_path / "shared-cache"
+    with pytest.raises(SearchError, match="prefix_cache"):
+        search_from_config({**config, "search": {**config["search"], "prefix_cache": "../outside"}},
+                           output_root=tmp_path)
+    with pytest.raises(SearchError, match="prefix_cache"):
+        search_from_config({**config, "search": {**config["search"], "prefix_cache": 3}}, output_root=tmp_path)
