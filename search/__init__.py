@@ -13,10 +13,12 @@ applies), checkpoint_bytes (measured size of the exported weights file), weight_
 from .compression import JointSpace, LoRARankSpace, PruningSpace
 from .config import load_config, search_from_config
 from .errors import SearchError
+from .fidelity import Fidelity
 from .local_postgres import LocalPostgres, postgres_available
 from .nas import NASSpace
 from .objectives import OBJECTIVES, Constraint, Measurement, Objective
 from .precision import MixedPrecisionSpace
+from .prefix_cache import PrefixCache
 from .results import SearchResult, pareto_front
 from .runner import PRUNERS, SAMPLERS, Search
 from .space import SearchSpace, TrialPlan, space_from_spec
@@ -25,8 +27,9 @@ from .task import Task, TensorTask, TextClassificationTask
 from .worker import worker
 
 __all__ = [
-    "OBJECTIVES", "PRUNERS", "SAMPLERS", "Constraint", "JointSpace", "LoRARankSpace", "LocalPostgres",
-    "Measurement", "MixedPrecisionSpace", "NASSpace", "Objective", "PruningSpace", "Search", "SearchError",
-    "SearchResult", "SearchSpace", "StorageSpec", "Task", "TensorTask", "TextClassificationTask", "TrialPlan",
-    "load_config", "pareto_front", "postgres_available", "search_from_config", "space_from_spec", "worker",
+    "OBJECTIVES", "PRUNERS", "SAMPLERS", "Constraint", "Fidelity", "JointSpace", "LoRARankSpace", "LocalPostgres",
+    "Measurement", "MixedPrecisionSpace", "NASSpace", "Objective", "PrefixCache", "PruningSpace", "Search",
+    "SearchError", "SearchResult", "SearchSpace", "StorageSpec", "Task", "TensorTask", "TextClassificationTask",
+    "TrialPlan", "load_config", "pareto_front", "postgres_available", "search_from_config", "space_from_spec",
+    "worker",
 ]
