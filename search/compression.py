@@ -86,8 +86,8 @@ class PruningSpace(SearchSpace):
                               f"group granularity 'head' or 'ffn', at most one group each (got {per_group})")
         self.prior, self.loss_bound = prior, loss_bound
         self.sparsity_by_group: dict[str, tuple[float, ...]] = {}  # the prior's restriction (with_sensitivity)
-        self._group_loss: dict[str, dict[float, float]] = {}
-        self._group_params: dict[str, int] = {}
+        self.group_loss: dict[str, dict[float, float]] = {}
+        self.group_params: dict[str, int] = {}
 
     def bind(self, graph: ForgeGraph | None) -> PruningSpace:
         from ..passes.base import PASSES
@@ -125,7 +125,7 @@ class PruningSpace(SearchSpace):
         loss at a sparsity sums its kind's measured groups (every attention for ``head``, every FFN for ``ffn``)."""
         shaped = PruningSpace.__new__(PruningSpace)
         shaped.__dict__.update(self.__dict__)
-        shaped.sparsity_by_group, shaped._group_loss, shaped._group_params = {}, {}, {}
+        shaped.sparsity_by_group, shaped.group_loss, shaped.group_params = {}, {}, {}
         bound = sensitivity_bound(info, self.loss_bound)
         for group, selector in self.groups.items():
             measured = [g for g in info.groups if g.kind == _KINDS[self.per_group[group]]]
@@ -133,18 +133,18 @@ class PruningSpace(SearchSpace):
                 raise SearchError(f"pruning space: the sensitivity measured has no {_KINDS[self.per_group[group]]} "
                                   f"group for {group!r}: it was measured on another model; start a new study")
             loss = {s: sum(_prune_loss(g.prune, s, g.name) for g in measured) for s in self.sparsity}
-            shaped._group_loss[group] = loss
+            shaped.group_loss[group] = loss
             shaped.sparsity_by_group[group] = allowed_choices(loss, min(self.sparsity), bound)
-            shaped._group_params[group] = _weight_count(graph, [p for g in measured for p in g.layers], selector)
+            shaped.group_params[group] = _weight_count(graph, [p for g in measured for p in g.layers], selector)
         return shaped
 
     def prior_allocations(self) -> list[dict[str, Any]]:
         """``sparsity:<group>`` for each allocation minimising the summed loss increase at
         :data:`SPARSITY_BUDGETS` overall sparsity (weighted by each group's weight count)."""
         groups = list(self.groups)
-        options = [[(s, (1 - s) * self._group_params[g], self._group_loss[g][s]) for s in self.sparsity_by_group[g]]
+        options = [[(s, (1 - s) * self.group_params[g], self.group_loss[g][s]) for s in self.sparsity_by_group[g]]
                    for g in groups]
-        total = sum(self._group_params[g] for g in groups)
+        total = sum(self.group_params[g] for g in groups)
         return [{f"sparsity:{g}": s for g, s in zip(groups, chosen)}
                 for chosen in allocations(options, [(1 - b) * total for b in SPARSITY_BUDGETS])]
 

@@ -151,10 +151,12 @@ class MlflowTrialLog:
     does not hold yet (a crash, a killed worker, a study searched before with mlflow off); leaving logs the
     trial an exception failed (Optuna calls no callback for it) and ends the parent run."""
 
-    def __init__(self, search: Any, study: optuna.Study) -> None:
+    def __init__(self, search: Any, study: optuna.Study, target: MlflowTarget, objectives: list[str],
+                 baseline: dict[str, float]) -> None:
         self.search, self.study = search, study
-        self.target: MlflowTarget = search._mlflow
-        self.objectives = [o.name for o in search._objectives]
+        self.target = target
+        self.objectives = list(objectives)
+        self.baseline = baseline
         self.client: Any = None
         self.parent = ""
         self.broken = False  # a write failed: the rest of this run logs nothing (the next run catches up)
@@ -252,7 +254,7 @@ class MlflowTrialLog:
                     "constraints": "; ".join(repr(c) for c in search.constraints)}
         tags = [RunTag(f"fxforge.{k}", str(v)[:8000]) for k, v in settings.items()]
         now = _ms(_now())
-        metrics = [Metric(_key(f"baseline_{k}"), float(v), now or 0, 0) for k, v in search._baseline.items()]
+        metrics = [Metric(_key(f"baseline_{k}"), float(v), now or 0, 0) for k, v in self.baseline.items()]
         self.client.log_batch(run_id, metrics=metrics, tags=tags)
         return run_id
 

@@ -108,8 +108,8 @@ class MixedPrecisionSpace(SearchSpace):
         self.prior, self.loss_bound = prior, loss_bound
         self.prior_format = self._prior_format() if prior is not None else None
         self.widths_by_layer: dict[str, tuple[int, ...]] = {}  # the prior's restriction, set by with_sensitivity
-        self._layer_loss: dict[str, dict[int, float]] = {}
-        self._layer_params: dict[str, int] = {}
+        self.layer_loss: dict[str, dict[int, float]] = {}
+        self.layer_params: dict[str, int] = {}
 
     def bind(self, graph: ForgeGraph | None) -> MixedPrecisionSpace:
         if graph is not None:
@@ -250,7 +250,8 @@ class MixedPrecisionSpace(SearchSpace):
     def sensitivity_request(self) -> dict[str, Any]:
         """What sensitivity_analysis_pass must measure for this space: its widths, format and op types."""
         assert self.prior_format is not None
-        return {"widths": self._widths(self.prior_format), "format": self.prior_format, "targets": self.targets}
+        return {"widths": self._widths(self.prior_format), "format": self.prior_format,
+                "targets": {"type": list(self.targets)}}
 
     def with_sensitivity(self, info: SensitivityInfo, graph: ForgeGraph | None = None) -> MixedPrecisionSpace:
         """A copy whose layers keep only the widths within the loss bound (the widest always); SearchError when
@@ -260,7 +261,7 @@ class MixedPrecisionSpace(SearchSpace):
         widths, bound = self._widths(self.prior_format), sensitivity_bound(info, self.loss_bound)
         shaped = MixedPrecisionSpace.__new__(MixedPrecisionSpace)
         shaped.__dict__.update(self.__dict__)
-        shaped.widths_by_layer, shaped._layer_loss, shaped._layer_params = {}, {}, {}
+        shaped.widths_by_layer, shaped.layer_loss, shaped.layer_params = {}, {}, {}
         for key in self.keys():
             layer = by_name.get(key)
             if layer is None:
@@ -270,7 +271,7 @@ class MixedPrecisionSpace(SearchSpace):
                 loss = {w: layer.delta(w) for w in widths}
             except KeyError as exc:
                 raise SearchError(f"precision space: {exc.args[0]}; start a new study") from None
-            shaped._layer_loss[key], shaped._layer_params[key] = loss, layer.params
+            shaped.layer_loss[key], shaped.layer_params[key] = loss, layer.params
             shaped.widths_by_layer[key] = allowed_choices(loss, max(widths), bound)
         return shaped
 
@@ -278,9 +279,9 @@ class MixedPrecisionSpace(SearchSpace):
         """The space's parameters for each sensitivity-ranked width allocation at :data:`BIT_BUDGETS` average
         weight bits (weighted by each layer's parameter count)."""
         keys = self.keys()
-        options = [[(w, float(w * self._layer_params[k]), self._layer_loss[k][w]) for w in self.widths_by_layer[k]]
+        options = [[(w, float(w * self.layer_params[k]), self.layer_loss[k][w]) for w in self.widths_by_layer[k]]
                    for k in keys]
-        total = sum(self._layer_params[k] for k in keys)
+        total = sum(self.layer_params[k] for k in keys)
         return [pick_params(self, _allocation_rule(self.prior_format or "", dict(zip(keys, widths))))
                 for widths in allocations(options, [b * total for b in BIT_BUDGETS])]
 

@@ -130,8 +130,8 @@ def task_fingerprint(task: Task | None, train: bool) -> dict[str, Any]:
         out["training"] = canonical(own())
     elif recipe is TensorTask.train:
         assert isinstance(task, TensorTask)
-        out["training"] = {"train": canonical([list(b) for b in task._train or ()]), "steps": task.train_steps,
-                           "learning_rate": task.learning_rate}
+        out["training"] = {"train": canonical([list(b) for b in task.training_batches or ()]),
+                           "steps": task.train_steps, "learning_rate": task.learning_rate}
     elif recipe is TextClassificationTask.train:
         assert isinstance(task, TextClassificationTask)
         out["training"] = {

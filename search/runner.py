@@ -364,7 +364,9 @@ class Search:
         if self.on_trial is not None:
             callbacks.append(self.on_trial)
         done = self._finished.refresh(study)
-        with MlflowTrialLog(self, study) if self._mlflow else nullcontext([]) as logged:  # mlflow=: a run per trial
+        logging = (MlflowTrialLog(self, study, self._mlflow, [o.name for o in self._objectives], self._baseline)
+                   if self._mlflow else None)  # mlflow=: one MLflow run per trial
+        with logging if logging is not None else nullcontext([]) as logged:
             if done < self.n_trials:
                 with _progress(self, study, done) as bar:
                     study.optimize(self.evaluate, n_trials=None, timeout=self.timeout,

@@ -113,7 +113,7 @@ class TensorTask(Task):
                  learning_rate: float = 0.05) -> None:
         self._batches = _split(inputs, labels, batch_size)
         self._calib = None if calibration is None else _split(calibration[0], calibration[1], batch_size)
-        self._train = None if training is None else _split(training[0], training[1], batch_size)
+        self.training_batches = None if training is None else _split(training[0], training[1], batch_size)
         if type(train_steps) is not int or train_steps < 1:
             raise SearchError(f"TensorTask train_steps must be an integer >= 1, got {train_steps!r}")
         if not learning_rate >= 0:
@@ -124,7 +124,7 @@ class TensorTask(Task):
               checkpoints: Sequence[int] = (), on_checkpoint: Callable[[int], None] | None = None) -> None:
         import torch.nn.functional as F
 
-        if not self._train:
+        if not self.training_batches:
             raise SearchError("TensorTask cannot train without training=(inputs, labels); pass it, or use a space "
                               "that needs no fine-tuning")
         model = graph.model
@@ -133,7 +133,7 @@ class TensorTask(Task):
         model.train()
         try:
             for step in range(1, (steps or self.train_steps) + 1):
-                inputs, labels = self._train[(step - 1) % len(self._train)]
+                inputs, labels = self.training_batches[(step - 1) % len(self.training_batches)]
                 for p in params:
                     p.grad = None
                 F.cross_entropy(logits_of(model(**with_labels(model, inputs, labels))).float(), labels).backward()

@@ -198,10 +198,6 @@ def _check(args: SensitivityArgs) -> dict[int, RoleSpec]:
         raise PassArgsError(f"{PASS}: unknown method {args.method!r}; methods: {list(METHODS)}")
     if not args.widths:
         raise PassArgsError(f"{PASS}: 'widths' must name at least one candidate width")
-    bad = [t for t in args.targets if t not in WEIGHT_OPS]
-    if bad or not args.targets:
-        raise PassArgsError(f"{PASS}: targets {bad or []} are not layers with a weight to quantize; "
-                            f"use {list(WEIGHT_OPS)}")
     ratios = [r for r in args.prune_ratios if not 0.0 < r < 1.0]
     if ratios:
         raise PassArgsError(f"{PASS}: prune_ratios must be fractions in (0, 1), got {ratios}")
@@ -218,12 +214,14 @@ def _check(args: SensitivityArgs) -> dict[int, RoleSpec]:
     return specs
 
 
-def target_layers(gm: fx.GraphModule, targets: tuple[str, ...]) -> dict[str, str]:
-    """Layer name (as quantize configs ``by: name`` and MixedPrecisionSpace name it) -> its weight's key."""
+def target_layers(gm: fx.GraphModule, targets: Any, exclude: Any = None) -> dict[str, str]:
+    """Layer name (as quantize configs ``by: name`` and MixedPrecisionSpace name it) -> its weight's key, for the
+    selected modules (default: every Linear) of the WEIGHT_OPS types, with a weight of two or more dimensions."""
     out: dict[str, str] = {}
-    for node, name, module, _ in select_nodes(gm, {"type": list(targets)}, modules_only=True):
+    chosen = targets if targets is not None else {"type": "linear"}
+    for node, name, module, op in select_nodes(gm, chosen, exclude, modules_only=True):
         weight = getattr(module, "weight", None)
-        if isinstance(weight, torch.Tensor) and weight.dim() >= 2:
+        if op in WEIGHT_OPS and isinstance(weight, torch.Tensor) and weight.dim() >= 2:
             out.setdefault(name, f"{node.target}.weight")
     return out
 
@@ -294,9 +292,10 @@ def sensitivity_analysis_pass(graph: ForgeGraph, args: SensitivityArgs) -> tuple
     if not batches:
         raise PassArgsError(f"{PASS}: 'data' yielded no batch")
     gm = graph.model
-    keys = target_layers(gm, args.targets)
+    keys = target_layers(gm, args.targets, args.exclude)
     if not keys:
-        raise PassArgsError(f"{PASS}: the graph has no layer of type {list(args.targets)} with a weight")
+        raise PassArgsError(f"{PASS}: 'targets' selects no layer with a weight to quantize ({list(WEIGHT_OPS)}); "
+                            "omit it for every Linear")
     ev = Evaluator(graph, batches, args.loss_fn)
     params: dict[str, torch.Tensor] = dict(gm.named_parameters(remove_duplicate=False))
     with _eval_mode(gm):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..contract import PassInfo
+from ..select import parse_selector_fields
 
 __all__ = ["METHODS", "GroupSensitivity", "LayerSensitivity", "SensitivityArgs", "SensitivityInfo"]
 
@@ -28,7 +29,8 @@ class SensitivityArgs:
     ``hessian_trace`` (Hutchinson estimate of each layer's Hessian trace x mean squared perturbation, HAWQ-V3),
     ``sqnr`` (signal-to-quantization-noise ratio of each layer's output, loss-free; reported as a loss-like
     score that grows with the noise); widths / prune_ratios: the candidates measured; format: the fxforge
-    quantization format whose ``width`` is varied; targets: canonical op types measured (default linear);
+    quantization format whose ``width`` is varied; targets / exclude: selectors of the layers measured (default
+    every Linear; only layers with a weight of two or more dimensions are measured);
     loss_fn: ``(output, batch) -> loss`` (default: the output's ``loss``, else cross-entropy on logits vs
     ``batch["labels"]``); num_batches: use only the first n batches; probes: Hutchinson probes per batch;
     format_params: the weight's other parameters of ``format`` (default: ``frac_width "auto"`` for integer,
@@ -39,12 +41,16 @@ class SensitivityArgs:
     widths: tuple[int, ...] = (2, 3, 4, 6, 8)
     prune_ratios: tuple[float, ...] = (0.25, 0.5, 0.75)
     format: str = "integer"
-    targets: tuple[str, ...] = ("linear",)
+    targets: Any = None
     loss_fn: Any = None
     num_batches: int | None = None
     probes: int = 4
     seed: int = 0
     format_params: dict[str, Any] | None = None
+    exclude: Any = None
+
+    def __post_init__(self) -> None:
+        parse_selector_fields(self)  # one meaning of a selector (and of an empty one) in every pass
 
 
 @dataclass(frozen=True)

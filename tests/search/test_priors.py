@@ -46,8 +46,8 @@ def _weight_bits(space: MixedPrecisionSpace, params: dict) -> float:
     """Average weight bits of a parameter set (weighted by the layers' parameter counts)."""
     plan = space.suggest(optuna.trial.FixedTrial(params))
     config = dict(plan.steps[0][1])
-    total = sum(space._layer_params.values())
-    return sum(config[k]["config"]["weight_width"] * n for k, n in space._layer_params.items()) / total
+    total = sum(space.layer_params.values())
+    return sum(config[k]["config"]["weight_width"] * n for k, n in space.layer_params.items()) / total
 
 
 # -- allocation on hand-made sensitivity ---------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_pruning_prior_allocations_fit_sparsity_budgets(setup) -> None:
     mg, _ = setup
     fc1 = GroupSensitivity("fc1", "ffn", 16, (1.0,) * 16, ((0.25, 0.0), (0.5, 0.0), (0.75, 0.0)), ("fc1",))
     bound = PruningSpace([0.0, 0.25, 0.5, 0.75], granularity="ffn", prior="sensitivity")
-    assert bound.with_sensitivity(SensitivityInfo("fisher", 0.5, (), (fc1,)), mg)._group_params == {"linear": 128}
+    assert bound.with_sensitivity(SensitivityInfo("fisher", 0.5, (), (fc1,)), mg).group_params == {"linear": 128}
 
 
 # -- spec, config and bad values -----------------------------------------------------------------------------
