@@ -30,6 +30,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "fp32", root / "best"
 
 
+@pytest.mark.slow_deploy  # every artifact built, an AOTInductor compile among them: make test-deploy
 def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, Path], tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     from fxforge.benchmarks.bench_deploy_minilm import AOTI, EAGER, FXFORGE_INT8, ORT_OWN, SHRUNK, main

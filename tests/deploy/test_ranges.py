@@ -82,6 +82,7 @@ def _optimized_ops(path: Path, tmp: Path) -> Counter[str]:
     return Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
 
 
+@pytest.mark.slow_deploy  # a second export and two ORT optimisations: make test-deploy
 def test_range_guard_leaves_ort_fusions_alone(bert: ForgeGraph, bert_onnx: tuple[Path, Any], tmp_path: Path) -> None:
     """ORT's optimized graph of the guarded file holds every op of the unguarded file's, plus the guard's."""
     plain = write_onnx(export_program(inference_signature(bert), True, True), tmp_path / "plain.onnx")

@@ -18,6 +18,9 @@ import pytest
 from fxforge.search.runner import PLAN_ATTR
 from fxforge.search.storage import StorageSpec, open_storage
 
+# a worker process killed mid-trial, then its heartbeat left to go stale: ~35 s of waiting, in `make test-search`
+pytestmark = pytest.mark.slow_search
+
 SCRIPT = textwrap.dedent('''
     import sys, time, torch, torch.nn as nn
     from fxforge import ForgeGraph
