@@ -32,7 +32,7 @@ demo: $(VENV_STAMP)
 	$(PY) -m fxforge.examples.demo
 
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach and not slow_deploy and not slow_search" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not reach and not slow_deploy and not slow_search and not slow" tests
 
 # The slow deploy compiles: the sweep's AOTInductor half (every zoo and tiny HF model compiled to a .pt2 and
 # checked), the other AOTI packages and the ExecuTorch lowering, about 6 minutes of CPU that would take
@@ -44,9 +44,10 @@ test-deploy: $(VENV_STAMP)
 test-search: $(VENV_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m slow_search tests
 
-# Everything `make test` leaves out for time (not the reach sweep): what CI runs after `make test`.
+# Everything `make test` leaves out for time (markers slow_deploy, slow_search, slow; not the reach sweep): what
+# CI runs after `make test`.
 test-slow: $(VENV_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow_deploy or slow_search" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow_deploy or slow_search or slow" tests
 
 # The architecture reach sweep (tests/reach): all its tiny transformers architectures, not only `test`'s 12.
 test-reach: $(VENV_STAMP)

@@ -40,6 +40,7 @@ def _train_refused(mg: ForgeGraph, x: dict[str, torch.Tensor]) -> None:
     mg.eval()
 
 
+@pytest.mark.slow  # a BigBird capture, ~35 s: make test-slow (CI)
 def test_big_bird_eval_graph_equals_eager_and_train_is_refused() -> None:
     model = build("big_bird")
     mg = ForgeGraph(model, example_inputs=capture_inputs("big_bird")).eval()
@@ -116,6 +117,7 @@ def test_no_training_dependence_one_trace_no_guard(monkeypatch: pytest.MonkeyPat
     assert not any("eager" in n for n in mg.capture_notes)
 
 
+@pytest.mark.slow  # a BigBird capture, ~35 s: make test-slow (CI)
 def test_capture_leaves_torch_and_numpy_random_streams_unchanged() -> None:
     model = build("big_bird")
     torch.manual_seed(123)
