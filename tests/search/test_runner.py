@@ -9,26 +9,17 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-import torch.nn as nn
+from conftest import TinyMLP
 
 from fxforge import ForgeGraph
 from fxforge.search import Constraint, MixedPrecisionSpace, Search, SearchError, TensorTask
 from fxforge.search.runner import PLAN_ATTR, trial_plan_key, trial_result
 
 
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 @pytest.fixture
 def setup() -> tuple[ForgeGraph, TensorTask]:
     torch.manual_seed(0)
-    net = _Net().eval()
+    net = TinyMLP().eval()
     x = torch.randn(96, 8)
     labels = net(x).argmax(-1)  # the float model is exact on its own labels: quantization can only lose
     mg = ForgeGraph(net, (x[:4],))
