@@ -27,7 +27,8 @@ from ..base import forge_pass
 from ..contract import PassInfo
 from ..propagate import flat_inputs
 
-__all__ = ["LivenessArgs", "LivenessInfo", "LivenessRecord", "liveness_analysis_pass", "measured_peak_bytes"]
+__all__ = ["LivenessArgs", "LivenessInfo", "LivenessRecord", "StorageRun", "buffer_lifetimes", "live_bytes",
+           "liveness_analysis_pass", "measured_peak_bytes", "record_storages"]
 
 @register_record("software.liveness")
 @dataclass
@@ -92,6 +93,72 @@ class _Runner(fx.Interpreter):
         return out
 
 
+@dataclass
+class StorageRun:
+    """One eval-mode run keeping every value alive: the graph's nodes in order, each node's value and result
+    storages (pointer, bytes), what autograd saved per node (grad runs), and the storages held outside the
+    activations (parameters, buffers, inputs). Shared by liveness_analysis_pass and passes/memory."""
+
+    nodes: list[fx.Node]
+    values: dict[fx.Node, Any]
+    storages: dict[fx.Node, list[tuple[int, int]]]
+    saved: dict[fx.Node, list[tuple[int, int]]]
+    held: set[int]
+
+
+def record_storages(gm: fx.GraphModule, flat: list[Any], grad: bool = True) -> StorageRun:
+    """Run ``gm`` once in eval mode on ``flat``; with ``grad`` also record what autograd saves per node."""
+    runner = _Runner(gm)
+    was_training = gm.training
+    gm.eval()
+    try:
+        with torch.set_grad_enabled(grad), torch.autograd.graph.saved_tensors_hooks(runner.pack, lambda t: t):
+            runner.run(*flat)
+    finally:
+        gm.train(was_training)
+    held = {t.untyped_storage().data_ptr()
+            for t in (*gm.parameters(), *gm.buffers(), *(v for v in flat if isinstance(v, torch.Tensor)))}
+    return StorageRun(list(gm.graph.nodes), dict(runner.env), runner.storages, runner.saved, held)
+
+
+def buffer_lifetimes(run: StorageRun) -> tuple[dict[int, list[Any]], dict[fx.Node, list[int]]]:
+    """Each activation buffer by storage pointer as [born, dies, bytes, saved for backward] (node indices;
+    dies = len(nodes) for a returned one: views of one storage live as one buffer) and each node's buffers."""
+    nodes = run.nodes
+    index = {n: i for i, n in enumerate(nodes)}
+    buffers: dict[int, list[Any]] = {}
+    owner: dict[fx.Node, list[int]] = {}
+    for node in nodes:
+        for ptr, size in run.storages.get(node, []):
+            if ptr in run.held or ptr == 0 or node.op in ("placeholder", "get_attr"):
+                continue
+            entry = buffers.setdefault(ptr, [index[node], index[node], size, False])
+            owner.setdefault(node, []).append(ptr)
+            last = max((index[u] for u in node.users), default=index[node])
+            entry[1] = max(entry[1], last if nodes[last].op != "output" else len(nodes))
+    for node, saved in run.saved.items():  # what autograd keeps for backward, as it really saved it
+        for ptr, size in saved:
+            if ptr in run.held or ptr == 0:
+                continue
+            if ptr not in buffers:  # an op-internal tensor (e.g. attention's logsumexp, a dropout mask)
+                buffers[ptr] = [index[node], index[node], size, False]
+                owner.setdefault(node, []).append(ptr)
+            buffers[ptr][3] = True
+    return buffers, owner
+
+
+def live_bytes(buffers: dict[int, list[Any]], steps: int) -> tuple[list[int], list[int]]:
+    """Bytes alive at each node index (and one past the end) in inference and in training (saved ones stay)."""
+    inf = [0] * (steps + 1)
+    train = [0] * (steps + 1)
+    for born, dies, size, saved in buffers.values():
+        for i in range(born, min(dies, steps) + 1):
+            inf[i] += size
+        for i in range(born, steps + 1 if saved else min(dies, steps) + 1):
+            train[i] += size
+    return inf, train
+
+
 def measured_peak_bytes(gm: fx.GraphModule, flat: list[Any], training: bool) -> int:
     """The CPU allocator's peak during one forward (profiler memory events), keeping the result alive."""
     from torch.profiler import ProfilerActivity, profile
@@ -115,42 +182,13 @@ def liveness_analysis_pass(graph: ForgeGraph, args: LivenessArgs) -> tuple[Forge
         raise ValueError("no inputs: capture with example_inputs or pass {'data': ...}")
     flat = flat_inputs(gm, example)
     nodes = list(gm.graph.nodes)
-    index = {n: i for i, n in enumerate(nodes)}
-    runner = _Runner(gm)
     was_training = gm.training
     gm.eval()
     try:
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(runner.pack, lambda t: t):
-            runner.run(*flat)
-        held = {p for t in (*gm.parameters(), *gm.buffers(), *(v for v in flat if isinstance(v, torch.Tensor)))
-                for p in [t.untyped_storage().data_ptr()]}
-        # buffer id -> [born, dies, bytes, saved]
-        buffers: dict[int, list[Any]] = {}
-        owner: dict[fx.Node, list[int]] = {}
-        for node in nodes:
-            for ptr, size in runner.storages.get(node, []):
-                if ptr in held or ptr == 0 or node.op in ("placeholder", "get_attr"):
-                    continue
-                entry = buffers.setdefault(ptr, [index[node], index[node], size, False])
-                owner.setdefault(node, []).append(ptr)
-                last = max((index[u] for u in node.users), default=index[node])
-                entry[1] = max(entry[1], last if nodes[last].op != "output" else len(nodes))
-        for node, saved in runner.saved.items():  # what autograd keeps for backward, as it really saved it
-            for ptr, size in saved:
-                if ptr in held or ptr == 0:
-                    continue
-                if ptr not in buffers:  # an op-internal tensor (e.g. attention's logsumexp, a dropout mask)
-                    buffers[ptr] = [index[node], index[node], size, False]
-                    owner.setdefault(node, []).append(ptr)
-                buffers[ptr][3] = True
+        run = record_storages(gm, flat)
+        buffers, owner = buffer_lifetimes(run)
         steps = len(nodes)
-        inf = [0] * (steps + 1)
-        train = [0] * (steps + 1)
-        for born, dies, size, saved in buffers.values():
-            for i in range(born, min(dies, steps) + 1):
-                inf[i] += size
-            for i in range(born, steps + 1 if saved else min(dies, steps) + 1):
-                train[i] += size
+        inf, train = live_bytes(buffers, steps)
         peak_i = max(range(steps), key=lambda i: inf[i])
         peak_t = max(range(steps + 1), key=lambda i: train[i])
         alive = sorted(((n.name, sum(buffers[p][2] for p in owner[n]))
