@@ -18,7 +18,8 @@ from typing import Any
 from ..graph.draw import to_svg
 from ..graph.forge_graph import ForgeGraph
 from .deploy import DeployArtifactRow, deploy_section
-from .plots import plots_available, search_plots
+from .memory_timeline import memory_timeline
+from .plots import format_bytes, memory_timeline_svg, plots_available, search_plots
 from .rows import NodeRow, node_rows, quant_rows
 from .search_json import check_search_results
 
@@ -100,6 +101,25 @@ def _quantization(mg: ForgeGraph) -> str:
     return f"<p class='sub'>{escape(note)}</p>" + _table("quantization", header, cells, "quant-row")
 
 
+def _memory(mg: ForgeGraph) -> str:
+    """The memory timeline (live bytes per node) and the largest buffers at each peak, when liveness ran."""
+    try:
+        tl = memory_timeline(mg)
+    except ValueError as exc:
+        return f"<p>Memory timeline not shown: {escape(str(exc))}</p>"
+    if tl is None:
+        return "<p>No liveness metadata (run <code>liveness_analysis_pass</code> before the report).</p>"
+    rows = [[peak, b.node, format_bytes(b.bytes), str(b.bytes), str(b.born), str(b.dies), "yes" if b.saved else ""]
+            for peak, at in (("training", tl.at_training_peak), ("inference", tl.at_inference_peak)) for b in at]
+    header = ["peak", "created by", "size", "bytes", "born", "dies", "saved for backward"]
+    return (f"<p>Estimated activation peaks: training <b>{escape(format_bytes(tl.peak_training_bytes))}</b> at "
+            f"<code>{escape(tl.nodes[tl.peak_training])}</code>, inference "
+            f"<b>{escape(format_bytes(tl.peak_inference_bytes))}</b> at <code>{escape(tl.nodes[tl.peak_inference])}"
+            "</code> (parameters and inputs not counted).</p>"
+            f"<div class='drawing'>{memory_timeline_svg(tl)}</div><h3>Largest buffers alive at each peak</h3>"
+            + _table("memory-peak", header, rows, "memory-row"))
+
+
 def _search(results: Mapping[str, Any] | None) -> str:
     if results is None:
         return "<p>No search results given (<code>fxforge report CKPT --search results.json</code>).</p>"
@@ -143,6 +163,7 @@ def build_report(mg: ForgeGraph, title: str = "fxforge report", search_results: 
         + _table("nodes", NODE_COLUMNS, [_node_cells(r) for r in rows], "node-row") + "</section>",
         "<section><h2>Pass history</h2>" + _history(mg) + "</section>",
         "<section><h2>Quantization</h2>" + _quantization(mg) + "</section>",
+        "<section id='memory'><h2>Memory timeline</h2>" + _memory(mg) + "</section>",
         "<section><h2>Search</h2>" + _search(search_results) + "</section>",
         "<section id='deploy'><h2>Deploy</h2>" + deploy_section(deploy) + "</section>",
         f"<script>{JS}</script></body></html>",

@@ -13,7 +13,7 @@ Parameters, buffers and the graph's inputs are not activations and are not count
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,13 +33,16 @@ __all__ = ["LivenessArgs", "LivenessInfo", "LivenessRecord", "StorageRun", "buff
 @register_record("software.liveness")
 @dataclass
 class LivenessRecord(MetaRecord):
-    """Where the node's result lives: born/dies are node indices; buffer is the storage group it shares."""
+    """Where the node's result lives: born/dies are node indices; buffer is the storage group it shares;
+    others: its further buffers (tuple outputs, op-internal saved tensors) as [born, dies, bytes, buffer, saved],
+    so the peaks can be recomputed from the metadata alone (report/memory_timeline.py)."""
 
     born: int = 0
     dies: int = 0
     bytes: int = 0
     buffer: int = 0
     saved_for_backward: bool = False
+    others: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -194,10 +197,13 @@ def liveness_analysis_pass(graph: ForgeGraph, args: LivenessArgs) -> tuple[Forge
         alive = sorted(((n.name, sum(buffers[p][2] for p in owner[n]))
                         for n in owner if any(buffers[p][0] <= peak_i <= buffers[p][1] for p in owner[n])),
                        key=lambda r: -r[1])
+        ids = {ptr: i for i, ptr in enumerate(buffers)}
         for node, ptrs in owner.items():
             b = buffers[ptrs[0]]
+            others = [[buffers[p][0], min(buffers[p][1], steps - 1), buffers[p][2], ids[p], int(buffers[p][3])]
+                      for p in dict.fromkeys(ptrs[1:]) if p != ptrs[0]]
             get_meta(node).software.set(LivenessRecord(born=b[0], dies=min(b[1], steps - 1), bytes=b[2],
-                                                       buffer=list(buffers).index(ptrs[0]), saved_for_backward=b[3]))
+                                                       buffer=ids[ptrs[0]], saved_for_backward=b[3], others=others))
         measured: dict[str, int | None] = {"inference": None, "training": None}
         if args.measure:
             measured["inference"] = measured_peak_bytes(gm, flat, training=False)
