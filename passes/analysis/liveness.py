@@ -8,7 +8,9 @@ what backward needs: the tensors each node saves (recorded with saved-tensor hoo
 op-internal ones such as attention's logsumexp included) stay alive until the end of the forward.
 Parameters, buffers and the graph's inputs are not activations and are not counted. With
 ``measure=True`` the estimate is compared with the peak the CPU allocator really reached
-(torch.profiler's memory events) in the same mode.
+(torch.profiler's memory events) in the same mode. The training *step* (forward + backward) usually peaks
+in backward, where gradients join the saved tensors: ``peak_step_bytes`` models that walk (step_memory.py
+says how, and what the measured ``measured_step_bytes`` counts).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ...graph.metadata import MetaRecord, get_meta, register_record
 from ..base import forge_pass
 from ..contract import PassInfo
 from ..propagate import flat_inputs
+from .step_memory import allocator_peak, backward_live_bytes, measured_step_bytes
 
 __all__ = ["LivenessArgs", "LivenessInfo", "LivenessRecord", "StorageRun", "buffer_lifetimes", "live_bytes",
            "liveness_analysis_pass", "measured_peak_bytes", "record_storages"]
@@ -57,7 +60,9 @@ class LivenessArgs:
 
 @dataclass(frozen=True)
 class LivenessInfo(PassInfo):
-    """Estimated peaks (bytes), the node at each peak, the largest buffers alive there, measured peaks."""
+    """Estimated peaks (bytes), the node at each peak, the largest buffers alive there, measured peaks.
+    training: the forward in grad mode (saved tensors kept to its end); step: forward + backward, its node
+    the one whose backward (or forward) reaches the peak."""
 
     peak_inference_bytes: int
     peak_training_bytes: int
@@ -67,6 +72,9 @@ class LivenessInfo(PassInfo):
     buffers: int
     measured_inference_bytes: int | None = None
     measured_training_bytes: int | None = None
+    peak_step_bytes: int = 0
+    peak_step_node: str = ""
+    measured_step_bytes: int | None = None
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
@@ -163,16 +171,11 @@ def live_bytes(buffers: dict[int, list[Any]], steps: int) -> tuple[list[int], li
 
 
 def measured_peak_bytes(gm: fx.GraphModule, flat: list[Any], training: bool) -> int:
-    """The CPU allocator's peak during one forward (profiler memory events), keeping the result alive."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.set_grad_enabled(training), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = gm(*flat)
+    """The CPU allocator's peak during one forward (every allocation and free the profiler records, so buffers
+    an op allocates and frees inside itself count too), keeping the result alive."""
+    with torch.set_grad_enabled(training):
+        peak, _, out = allocator_peak(lambda: gm(*flat))
     del out
-    level = peak = 0  # every event's own (children excluded) allocations minus frees, in time order
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-        level += e.self_cpu_memory_usage
-        peak = max(peak, level)
     return peak
 
 
@@ -192,6 +195,8 @@ def liveness_analysis_pass(graph: ForgeGraph, args: LivenessArgs) -> tuple[Forge
         buffers, owner = buffer_lifetimes(run)
         steps = len(nodes)
         inf, train = live_bytes(buffers, steps)
+        bwd = backward_live_bytes(gm, nodes, run.values, run.storages, buffers, run.saved)
+        peak_b = max(range(steps), key=lambda i: bwd[i])
         peak_i = max(range(steps), key=lambda i: inf[i])
         peak_t = max(range(steps + 1), key=lambda i: train[i])
         alive = sorted(((n.name, sum(buffers[p][2] for p in owner[n]))
@@ -204,15 +209,18 @@ def liveness_analysis_pass(graph: ForgeGraph, args: LivenessArgs) -> tuple[Forge
                       for p in dict.fromkeys(ptrs[1:]) if p != ptrs[0]]
             get_meta(node).software.set(LivenessRecord(born=b[0], dies=min(b[1], steps - 1), bytes=b[2],
                                                        buffer=ids[ptrs[0]], saved_for_backward=b[3], others=others))
-        measured: dict[str, int | None] = {"inference": None, "training": None}
+        measured: dict[str, int | None] = {"inference": None, "training": None, "step": None}
         if args.measure:
             measured["inference"] = measured_peak_bytes(gm, flat, training=False)
             measured["training"] = measured_peak_bytes(gm, flat, training=True)
+            measured["step"] = measured_step_bytes(gm, flat)
     finally:
         gm.train(was_training)
     return graph, LivenessInfo(
         peak_inference_bytes=inf[peak_i], peak_training_bytes=train[peak_t], peak_inference_node=nodes[peak_i].name,
         peak_training_node=nodes[min(peak_t, steps - 1)].name, alive_at_peak=tuple(alive[: args.top]),
         buffers=len(buffers), measured_inference_bytes=measured["inference"],
-        measured_training_bytes=measured["training"])
+        measured_training_bytes=measured["training"], peak_step_bytes=max(train[peak_t], bwd[peak_b]),
+        peak_step_node=nodes[peak_b].name if bwd[peak_b] > train[peak_t] else nodes[min(peak_t, steps - 1)].name,
+        measured_step_bytes=measured["step"])
 
