@@ -7,7 +7,7 @@
 
 Objectives (search/objectives.py): accuracy, latency_ms (timed on the lowered model where a lowering
 applies), checkpoint_bytes (measured size of the exported weights file), weight_bits / avg_weight_bits
-(accounted), param_count.
+(accounted), param_count, peak_train_mb (measured peak memory of one training step).
 """
 
 from .compression import JointSpace, LoRARankSpace, PruningSpace

@@ -40,7 +40,7 @@ from ..graph.toml_file import load_toml_file
 from .errors import SearchError
 from .fidelity import Fidelity
 from .mlflow_log import confine_local_target
-from .objectives import Constraint
+from .objectives import Constraint, resolve_objectives
 from .runner import CONFIG_ATTR, Search
 from .space import space_from_spec
 from .storage import StorageSpec, open_storage
@@ -210,6 +210,8 @@ def search_from_config(config: Mapping[str, Any], *, output_root: str | Path | N
     _check("top level", config, _SECTIONS)
     section = {"resume": True, **_typed("[search]", config.get("search", {}), _SEARCH_TYPES), **overrides}
     _check("search", section, _SEARCH_KEYS)
+    if "objectives" in section:  # a misspelt name is refused naming the built-in ones, before anything is built
+        resolve_objectives(section["objectives"])
     if "fidelity" in section:  # a bad schedule is refused before anything is built
         section["fidelity"] = Fidelity.from_spec(section["fidelity"])
     if isinstance(section.get("storage"), str):

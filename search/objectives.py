@@ -1,4 +1,5 @@
-"""Objectives and constraints of a search: accuracy, latency, checkpoint size, weight memory, parameter count.
+"""Objectives and constraints of a search: accuracy, latency, checkpoint size, weight memory, parameter count,
+peak training memory.
 
 Each objective is a name, a direction and a measurement of the trial's finished graph. Latency
 (``latency_ms``) is the median of a few timed forwards of the model as shipped: lowered to real low-bit
@@ -8,6 +9,10 @@ it timed). ``checkpoint_bytes`` is the measured size of the exported checkpoint'
 it is stored or simulated at, so quantized layers count their format's bits, lowered layers their codes at their
 width plus the scales their kernel reads (and the bias), and physically pruned layers
 count their smaller shapes (element-wise zeros do not save memory and are not counted as saved).
+``peak_train_mb`` is measured: the allocator's peak (MB = 2^20 bytes) over one training step (forward and
+backward, train mode) of the trial's graph on the task's first training batch (else its first eval batch,
+else the graph's example inputs), from torch.profiler's per-allocation memory events: the liveness analysis's
+own measured step (passes/analysis/step_memory.py), weight gradients allocated before the step and not counted.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ if TYPE_CHECKING:
     from .task import Task
 
 __all__ = ["OBJECTIVES", "Constraint", "Measurement", "Objective", "latency_ms", "measure_objectives", "param_count",
-           "weight_bits"]
+           "peak_train_mb", "weight_bits"]
 
 Direction = Literal["maximize", "minimize"]
 
@@ -121,6 +126,44 @@ def latency_ms(graph: ForgeGraph, task: Task | None, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def _step_batch(graph: ForgeGraph, task: Task | None) -> tuple[Any, str]:
+    """The batch a training step is measured on, and which one it is (recorded beside the value)."""
+    from .task import with_labels
+
+    inner = getattr(task, "inner", task)  # a fidelity's view: its full batches, the same at every rung
+    training = getattr(inner, "training_batches", None)
+    if training:
+        return with_labels(graph.model, *training[0]), "training batch 0"
+    if task is not None and inner.eval_batches():
+        return with_labels(graph.model, *inner.eval_batches()[0]), "eval batch 0"
+    if graph.example_inputs is not None:
+        return graph.example_inputs, "example inputs"
+    raise SearchError("objective peak_train_mb needs a task with batches or a graph with example inputs")
+
+
+def peak_train_mb(graph: ForgeGraph, task: Task | None) -> Measurement:
+    """Peak memory (MB) the allocator reaches in one forward + backward of ``graph`` in train mode; the graph's
+    mode, gradients and the global RNG stream (dropout draws) are left as they were."""
+    from ..graph.inputs import ExampleInputs
+    from ..passes.analysis.step_memory import measured_step_bytes
+    from ..passes.propagate import flat_inputs
+
+    batch, source = _step_batch(graph, task)
+    model = graph.model
+    flat = flat_inputs(model, ExampleInputs.coerce(batch))
+    was_training = model.training
+    model.train()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            peak = measured_step_bytes(model, flat)
+    except ValueError as exc:  # e.g. every parameter frozen: no backward to measure
+        raise SearchError(f"objective peak_train_mb: {exc}") from exc
+    finally:
+        model.train(was_training)
+    shapes = {k: list(v.shape) for k, v in ExampleInputs.coerce(batch).tensors().items()}
+    return Measurement(peak / 2**20, {"bytes": peak, "batch": source, "shapes": shapes})
+
+
 def _accuracy(graph: ForgeGraph, task: Task | None) -> float:
     if task is None:
         raise SearchError("the accuracy objective needs a task (evaluation data)")
@@ -134,6 +177,7 @@ OBJECTIVES: dict[str, Objective] = {
     "weight_bits": Objective("weight_bits", "minimize", lambda g, t: weight_bits(g)),
     "avg_weight_bits": Objective("avg_weight_bits", "minimize", lambda g, t: avg_weight_bits(g)),
     "param_count": Objective("param_count", "minimize", lambda g, t: param_count(g)),
+    "peak_train_mb": Objective("peak_train_mb", "minimize", peak_train_mb),
 }
 
 

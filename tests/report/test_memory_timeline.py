@@ -65,7 +65,7 @@ def test_report_draws_the_timeline_only_when_liveness_ran(bert_liveness: tuple[A
 
 
 def test_checkpoint_keeps_the_timeline(bert_liveness: tuple[Any, Any], tmp_path: Path) -> None:
-    """`fxforge report CKPT` reads a checkpoint: the records (``others`` included) come back and give the same curves."""
+    """`fxforge report CKPT` reads a checkpoint: its records (``others`` included) give the same curves."""
     mg, _ = bert_liveness
     loaded = ForgeGraph.from_checkpoint(mg.copy().export(tmp_path / "ckpt"))
     assert memory_timeline(loaded) == memory_timeline(mg)
