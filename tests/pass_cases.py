@@ -60,6 +60,7 @@ CASES: dict[str, PassCase] = {
     "causality_analysis_pass": PassCase(lambda d: {"jacobian_len": 4, "positions": [3]}),
     "profile_analysis_pass": PassCase(lambda d: {"runs": 1}, (("init_metadata_analysis_pass", _none),)),
     "liveness_analysis_pass": PassCase(_none, (("init_metadata_analysis_pass", _none),)),
+    "buffer_reuse_transform_pass": PassCase(_none),
     "sensitivity_analysis_pass": PassCase(lambda d: {"data": d, "method": "sqnr", "widths": [4], "prune_ratios": [.5]}),
     # mild, so a composition stays within its tolerance of the unpruned model
     "prune_transform_pass": PassCase(lambda d: {"weight": {"sparsity": 0.02}}),

@@ -25,7 +25,8 @@ def test_every_pass_is_exposed_by_name() -> None:
     for name in PUBLIC_PASSES:
         fn = getattr(fxforge.passes, name)
         assert fn is passes.get_pass(name) is PASSES[fn.pass_name]
-    assert PASS_ALIASES == {"calibrate_analysis_pass": "calibrate_transform_pass"}
+    assert PASS_ALIASES == {"calibrate_analysis_pass": "calibrate_transform_pass",
+                            "buffer_reuse": "buffer_reuse_transform_pass"}
     with pytest.raises(KeyError, match="registered"):
         passes.get_pass("no_such_pass")
 
