@@ -34,6 +34,7 @@ from .onnx_float import ort_failure, write_onnx
 from .onnx_ranges import guard_ranges_file
 from .output_dir import StagedDir, check_output_dir
 from .qdq import dedicate_dq_file, output_step, to_qdq
+from .qdq_int4 import int4_weights, store_int4_file
 from .signature import DeployProgram, InferenceSignature, export_program, inference_signature, manifest_axes
 
 __all__ = ["export_onnx", "export_aoti", "check_ops", "check_cases", "FLOAT_BOUND", "QUANT_STEP_BOUND",
@@ -68,8 +69,10 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
     quantizers = iter_quantizers(mg.model)
     quantization, exported_graph = "float", mg
     bound_kind, bound, step = "relative", FLOAT_BOUND, 1.0
+    int4: dict[str, bool] = {}
     if quantizers and fmt == "onnx":
         qdq = to_qdq(mg)
+        int4 = int4_weights(qdq.graph.model)  # <= 4-bit weights: INT4 / UINT4 initializers at opset 21
         exported_graph, quantization = qdq.graph, qdq.description
         bound_kind, bound, step = "quant_steps", QUANT_STEP_BOUND, float(qdq.output_step)
     elif quantizers:
@@ -86,7 +89,8 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
     staged = StagedDir(out_dir)
     try:
         artifact = staged.path / ARTIFACT_FILES[fmt]
-        program = _write(fmt, signature, artifact, dynamic_batch, dynamic_seq, qdq=bound_kind == "quant_steps")
+        program = _write(fmt, signature, artifact, dynamic_batch, dynamic_seq, qdq=bound_kind == "quant_steps",
+                         int4=int4)
         labels, ranges = manifest_axes(program)
         result: DeployCheck | None = None
         if check:
@@ -119,7 +123,7 @@ def raise_if_failed(fmt: str, out: Path, result: DeployCheck | None) -> None:
 
 
 def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batch: bool,
-           dynamic_seq: bool, qdq: bool = False) -> DeployProgram:
+           dynamic_seq: bool, qdq: bool = False, int4: dict[str, bool] | None = None) -> DeployProgram:
     """Export and write the artifact. ONNX: the file is run once in ONNX Runtime on the example inputs; when
     ORT cannot run it with the asked dynamic axes (its DFT kernel and an rfft over a symbolic length, measured
     on the zoo's gpt-afno), the sequence axis, then the batch axis, is made static and the reason warned. A QDQ
@@ -139,6 +143,7 @@ def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batc
         if qdq:
             dedicate_dq_file(artifact)
         guard_ranges_file(artifact, _input_ranges(program), program.dynamic_axes)
+        store_int4_file(artifact, int4 or {})
         failure = ort_failure(artifact, signature.example_inputs) if program.dynamic_axes else None
         if failure is None:
             break

@@ -4,8 +4,8 @@
 quantize/dequantize ops, which ``torch.onnx.export(..., dynamo=True)`` turns into QuantizeLinear/DequantizeLinear:
 
 * ``QuantizedLinear`` -> :class:`QdqLinear`: the weight as int8 (uint8 for asymmetric) codes with a scale per
-  tensor or per output channel, dequantized by DequantizeLinear (an int8 initializer in ONNX; 4-bit weights are
-  int8 codes holding 4-bit values: the exporter emits QDQ at opset 18, which has no INT4); the input quantizer as
+  tensor or per output channel, dequantized by DequantizeLinear (an int8 initializer in ONNX; <= 4-bit weights
+  are int8 codes here, stored as ONNX INT4 / UINT4 at opset 21 once exported: qdq_int4.py); the input quantizer as
   Q -> DQ with its calibrated scale; the bias as its simulated (quantized) float values. ONNX Runtime fuses
   ``DQ(x) -> MatMul <- DQ(W)`` into ``MatMulIntegerToFloat`` (measured with onnxruntime 1.32; with a Q after the
   MatMul it still picks MatMulIntegerToFloat and keeps the output Q -> DQ).
@@ -189,12 +189,16 @@ def to_qdq(mg: ForgeGraph) -> QdqGraph:
 
 
 def _describe(conv: _Converter) -> str:
-    """``"qdq int8 (14 layers)"``, with the weight widths, per-channel scales and int4-in-int8 storage said."""
+    """``"qdq int8 (14 layers)"``, with the weight widths, their storage (<= 4 bits: ONNX INT4 / UINT4), per-channel
+    scales said."""
     widths = sorted(conv.weight_widths)
     name = "int8" if widths in ([8], []) else "w" + "/".join(map(str, widths)) + "a8"
     notes = []
-    if any(w < 8 for w in widths):
-        notes.append(f"int{'/'.join(str(w) for w in widths if w < 8)} weights held in int8 initializers")
+    blocked = conv.counts["weight_only"] or conv.counts["dynamic"]  # see qdq_int4.int4_blocker
+    four = "int8 (not INT4: weight-only or dynamic-input layers)" if blocked else "ONNX INT4/UINT4"
+    for held, ws in ((four, [w for w in widths if w <= 4]), ("int8", [w for w in widths if 4 < w < 8])):
+        if ws:
+            notes.append(f"int{'/'.join(map(str, ws))} weights held in {held} initializers")
     if conv.per_channel:
         notes.append("per-channel weight scales")
     if conv.counts["weight_only"]:

@@ -171,7 +171,7 @@ def test_narrow_widths_export_exactly(bert: ForgeGraph, tmp_path: Path, data_in:
     low, high = -(2 ** (weight - 1)), 2 ** (weight - 1) - 1
     assert int(layer.codes.min()) >= low and int(layer.codes.max()) <= high
     if weight == 4:
-        assert "int4 weights held in int8 initializers" in qg.description
+        assert "int4 weights held in ONNX INT4/UINT4 initializers" in qg.description
     session = _export(qg, tmp_path / "model.onnx")
     assert _ops(tmp_path / "model.opt.onnx")["MatMulIntegerToFloat"] == LINEARS
     # the check's bound is 1 step; measured: float rounding only (<= 1.2e-7 steps). Saturating at the int8 range
