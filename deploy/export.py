@@ -34,6 +34,8 @@ from .onnx_float import ort_failure, write_onnx
 from .onnx_ranges import guard_ranges_file
 from .output_dir import StagedDir, check_output_dir
 from .qdq import dedicate_dq_file, output_step, to_qdq
+from .qdq_dynamic import NAMESPACE as QDQ_NAMESPACE
+from .qdq_dynamic import dynamic_step
 from .qdq_int4 import int4_weights, store_int4_file
 from .signature import DeployProgram, InferenceSignature, export_program, inference_signature, manifest_axes
 
@@ -70,17 +72,21 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
     quantization, exported_graph = "float", mg
     bound_kind, bound, step = "relative", FLOAT_BOUND, 1.0
     int4: dict[str, bool] = {}
+    dynamic = any(q.params.get("dynamic", False) and q.enabled and not q.is_param for _, q in quantizers)
     if quantizers and fmt == "onnx":
         qdq = to_qdq(mg)
         int4 = int4_weights(qdq.graph.model)  # <= 4-bit weights: INT4 / UINT4 initializers at opset 21
         exported_graph, quantization = qdq.graph, qdq.description
-        bound_kind, bound, step = "quant_steps", QUANT_STEP_BOUND, float(qdq.output_step)
+        bound_kind, bound, step = "quant_steps", QUANT_STEP_BOUND, qdq.output_step or 0.0
     elif quantizers:
         quantization = f"simulated ({len(quantizers)} quantizers, fake-quant as torch ops)"
         try:
             bound_kind, bound, step = "quant_steps", QUANT_STEP_BOUND, float(output_step(mg))
-        except DeployError:  # weights only (no static activation quantizer): float math on quantized weights
-            quantization += "; weights only, checked as float"
+        except DeployError:  # no static activation quantizer: dynamic ones (steps measured below), or weights only
+            if dynamic:
+                bound_kind, bound, step = "quant_steps", QUANT_STEP_BOUND, 0.0
+            else:
+                quantization += "; weights only, checked as float"
     signature = reference if exported_graph is mg else inference_signature(exported_graph)
     if (signature.input_names, signature.output_names) != (reference.input_names, reference.output_names):
         raise DeployError(f"the QDQ graph's inputs/outputs {signature.input_names}/{signature.output_names} differ "
@@ -96,8 +102,10 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
         if check:
             from .check import check_artifact
 
-            result = check_artifact(staged.path, fmt, check_cases(program, reference), bound, bound_kind, step,
-                                    ranges=ranges, labels=labels)
+            cases = check_cases(program, reference)
+            if dynamic and bound_kind == "quant_steps":  # the largest step a batch-scaled quantizer took on them
+                step = max(step, dynamic_step(reference.module, reference, [c.inputs for c in cases]))
+            result = check_artifact(staged.path, fmt, cases, bound, bound_kind, step, ranges=ranges, labels=labels)
         manifest = DeployManifest(
             format=fmt, artifact=ARTIFACT_FILES[fmt],
             artifact_bytes=sum(p.stat().st_size for p in staged.path.iterdir() if p.is_file()),
@@ -135,7 +143,9 @@ def _write(fmt: str, signature: InferenceSignature, artifact: Path, dynamic_batc
     notes: list[str] = []
     for i, (batch, seq) in enumerate(attempts):
         program = export_program(signature, batch, seq)
-        check_ops(program.program.graph_module, signature.module)
+        # fxforge_qdq ops (dynamic int8 linears) exist in QDQ graphs only, which only go to ONNX: translated there
+        check_ops(program.program.graph_module, signature.module,
+                  frozenset({QDQ_NAMESPACE}) if fmt == "onnx" else frozenset())
         if fmt == "aoti":
             write_aoti(program, artifact)
             break
@@ -175,14 +185,15 @@ def _namespace(target: Any) -> str | None:
     return None
 
 
-def check_ops(gm: fx.GraphModule, origin: fx.GraphModule | None = None) -> None:
-    """DeployError naming the first op outside :data:`RUNTIME_NAMESPACES` and its node. ``origin`` is the fxforge
-    graph ``gm`` was exported from: the node named is then the fxforge node (module call) the op came from."""
+def check_ops(gm: fx.GraphModule, origin: fx.GraphModule | None = None, allowed: frozenset[str] = frozenset()) -> None:
+    """DeployError naming the first op outside :data:`RUNTIME_NAMESPACES` (and ``allowed``: namespaces the format
+    translates, e.g. ONNX's QDQ ops) and its node. ``origin`` is the fxforge graph ``gm`` was exported from: the
+    node named is then the fxforge node (module call) the op came from."""
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         ns = _namespace(node.target)
-        if ns is None or ns in RUNTIME_NAMESPACES:
+        if ns is None or ns in RUNTIME_NAMESPACES or ns in allowed:
             continue
         where = f"node {node.name!r}" if origin is None else _origin(node, origin)
         why = "an fxforge kernel, which exists only inside fxforge" if ns == "fxforge" else \

@@ -1,6 +1,7 @@
 """Write an exported inference program as ``model.onnx`` with torch.onnx's dynamo exporter (torch.export program
 in, ONNX graph out), inputs and outputs named as the signature names them, then rewritten for ONNX Runtime's
-speed where no result changes (onnx_rewrites.py).
+speed where no result changes (onnx_rewrites.py). fxforge's own QDQ ops (dynamic int8 linears) are translated
+by deploy/qdq_dynamic.py's table.
 
 Weights are stored inside the file when they fit comfortably in one protobuf (< 1.5 GB) and beside it as
 ``model.onnx.data`` otherwise, in the artifact directory either way.
@@ -14,6 +15,7 @@ import torch
 
 from .manifest import DeployError
 from .onnx_rewrites import drop_softmax_nan_guards
+from .qdq_dynamic import ONNX_TRANSLATIONS
 from .signature import DeployProgram, torch_noise_ignored
 
 __all__ = ["write_onnx", "INLINE_LIMIT"]
@@ -30,7 +32,8 @@ def write_onnx(program: DeployProgram, path: Path) -> Path:
     try:
         with torch.no_grad(), torch_noise_ignored():
             onnx_program = torch.onnx.export(ep, (), dynamo=True, input_names=list(program.signature.input_names),
-                                             output_names=list(program.signature.output_names), verbose=False)
+                                             output_names=list(program.signature.output_names), verbose=False,
+                                             custom_translation_table=dict(ONNX_TRANSLATIONS))
     except Exception as exc:
         raise DeployError(f"ONNX export failed ({type(exc).__name__}: {str(exc)[:800]})") from exc
     if onnx_program is None:

@@ -22,8 +22,10 @@ fraction bits than input + weight; otherwise off by at most half a unit before t
 
 Everything is exact up to float rounding: the codes dequantize to the simulated values bit for bit (checked), and
 the activation QDQ computes the simulated formula (see qdq_formats.py). What ONNX cannot express exactly is refused
-with :class:`DeployError` naming the layer and the format: run-time scales (``dynamic``, uncalibrated ``auto``
-fraction widths), minifloat, block_fp / MXINT / MXFP (scales per block), widths above 8, lowered layers.
+with :class:`DeployError` naming the layer and the format: run-time scales (``dynamic`` ones other than a linear's
+8-bit asymmetric per-tensor input, which becomes ONNX's DynamicQuantizeLinear -> MatMulInteger: deploy/qdq_dynamic.py;
+uncalibrated ``auto`` fraction widths), minifloat, block_fp / MXINT / MXFP (scales per block), widths above 8,
+lowered layers.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from ..passes.quantize.modules import (
 )
 from ..passes.quantize.quantizer import Quantize
 from .manifest import DeployError
+from .qdq_dynamic import QdqDynamicLinear, is_onnx_dynamic
 from .qdq_formats import (
     INTEGER_FORMATS,
     QdqActivation,
@@ -70,7 +73,7 @@ class QdqGraph:
 
     graph: ForgeGraph
     description: str
-    output_step: float
+    output_step: float | None  # None: no static activation quantizer (dynamic ones' steps depend on the input)
 
 
 class QdqSDPA(QuantizedSDPA):
@@ -132,16 +135,20 @@ class _Converter:
         self.counts["activations"] += 1
         return QdqActivation(activation_qparams(path, q))
 
-    def linear(self, path: str, m: QuantizedLinear) -> QdqLinear:
+    def linear(self, path: str, m: QuantizedLinear) -> QdqLinear | QdqDynamicLinear:
         assert m.weight_quantizer is not None
         codes = weight_codes(path, m.weight_quantizer, m.weight.detach())
         with torch.no_grad():
             bias = None if m.bias is None else self.param(path, m.bias_quantizer, m.bias.detach())
-        data_in = self.activation(f"{path}.data_in_quantizer", m.data_in_quantizer)
         data_out = self.activation(f"{path}.data_out_quantizer", m.data_out_quantizer)
         self.counts["linears"] += 1
         self.weight_widths.add(codes.width)
         self.per_channel |= codes.per_channel
+        q_in = m.data_in_quantizer
+        if q_in is not None and q_in.enabled and is_onnx_dynamic(q_in):
+            self.counts["dynamic"] += 1
+            return QdqDynamicLinear(codes, bias, data_out)
+        data_in = self.activation(f"{path}.data_in_quantizer", q_in)
         if data_in is None:
             self.counts["weight_only"] += 1
         return QdqLinear(codes, bias, data_in, data_out)
@@ -185,7 +192,13 @@ def to_qdq(mg: ForgeGraph) -> QdqGraph:
     if not conv.counts["linears"] and not conv.counts["activations"]:
         raise DeployError("to_qdq: the graph has no quantized linear layer or activation quantizer to export as "
                           "QDQ; export it as float")
-    return QdqGraph(graph, _describe(conv), output_step(mg))
+    try:
+        step: float | None = output_step(mg)
+    except DeployError:
+        if not conv.counts["dynamic"]:
+            raise
+        step = None
+    return QdqGraph(graph, _describe(conv), step)
 
 
 def _describe(conv: _Converter) -> str:
@@ -201,6 +214,8 @@ def _describe(conv: _Converter) -> str:
             notes.append(f"int{'/'.join(map(str, ws))} weights held in {held} initializers")
     if conv.per_channel:
         notes.append("per-channel weight scales")
+    if conv.counts["dynamic"]:
+        notes.append(f"{conv.counts['dynamic']} with dynamic uint8 inputs (DynamicQuantizeLinear)")
     if conv.counts["weight_only"]:
         notes.append(f"{conv.counts['weight_only']} weight-only (float matmul)")
     if conv.counts["folded"]:

@@ -99,8 +99,9 @@ def activation_qparams(where: str, q: Quantize) -> ActivationQParams:
     if q.fmt.name == "integer" and not q.auto_fixed:
         return ActivationQParams(2.0 ** -q.params["frac_width"], 0, qmin, qmax, dtype)
     if q.params.get("dynamic", False):
-        raise _refuse(where, q, "its scale is computed from each batch at run time ('dynamic'); calibrate a static "
-                                "scale instead")
+        raise _refuse(where, q, "its scale is computed from each batch at run time ('dynamic'), which ONNX "
+                                "expresses only for a linear's 8-bit asymmetric per-tensor input "
+                                "(DynamicQuantizeLinear); make it that, or calibrate a static scale")
     if not q.calibrated:
         raise DeployError(f"to_qdq: {where} ({q.role}) takes its scale from calibration and is not calibrated: run "
                           "calibrate_transform_pass first")
