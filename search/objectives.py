@@ -130,11 +130,11 @@ def _step_batch(graph: ForgeGraph, task: Task | None) -> tuple[Any, str]:
     """The batch a training step is measured on, and which one it is (recorded beside the value)."""
     from .task import with_labels
 
-    inner = getattr(task, "inner", task)  # a fidelity's view: its full batches, the same at every rung
+    inner: Task | None = getattr(task, "inner", task)  # a fidelity's view: its full batches, same at every rung
     training = getattr(inner, "training_batches", None)
     if training:
         return with_labels(graph.model, *training[0]), "training batch 0"
-    if task is not None and inner.eval_batches():
+    if inner is not None and inner.eval_batches():
         return with_labels(graph.model, *inner.eval_batches()[0]), "eval batch 0"
     if graph.example_inputs is not None:
         return graph.example_inputs, "example inputs"
