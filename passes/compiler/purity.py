@@ -115,7 +115,8 @@ def _writes(node: fx.Node) -> list[fx.Node]:
 
 def mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
     """Nodes whose value may be written in place by some op, directly or through a view (conservatively:
-    through any chain of calls, since a view may share the storage)."""
+    through any chain of calls, since a view may share the storage; the result of an in-place or out= call
+    is the value it wrote, so only that one is followed)."""
     out: set[fx.Node] = set()
     stack = [w for n in graph.nodes for w in _writes(n)]
     while stack:
@@ -124,7 +125,7 @@ def mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
             continue
         out.add(node)
         if node.op.startswith("call"):
-            stack.extend(node.all_input_nodes)
+            stack.extend(_writes(node) or node.all_input_nodes)
     return out
 
 

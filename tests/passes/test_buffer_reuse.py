@@ -222,3 +222,16 @@ def test_training_mode_is_refused_and_the_alias_resolves() -> None:
     with pytest.raises(PassError, match="buffer_reuse_transform_pass.*training mode.*eval"):
         buffer_reuse_transform_pass(mg)
     assert get_pass("buffer_reuse") is buffer_reuse_transform_pass
+
+
+def test_constants_still_fold_after_buffer_reuse() -> None:
+    """An in-place node's result is its written operand only: its other inputs (here the token-type embedding
+    of a stored buffer, a parameter-only value) are not mutated, so folding still finds them."""
+    from fxforge.passes import fold_constants_transform_pass
+
+    mg, new, _ = reused("tiny_bert")
+    _, alone = fold_constants_transform_pass(mg)
+    folded, info = fold_constants_transform_pass(new)
+    assert info.folded == alone.folded > 0
+    inputs = MODELS["tiny_bert"][2][0]
+    assert torch.equal(_call(folded, inputs), _call(mg, inputs))
