@@ -28,7 +28,13 @@ from ...graph.metadata import MetaRecord, get_meta, register_record
 from ..base import forge_pass
 from ..contract import PassInfo
 from ..propagate import flat_inputs
-from .step_memory import allocator_peak, backward_live_bytes, measured_step_bytes
+from .step_memory import (
+    allocator_peak,
+    backward_live_bytes,
+    checkpointed_regions,
+    measured_step_bytes,
+    region_costs,
+)
 
 __all__ = ["LivenessArgs", "LivenessInfo", "LivenessRecord", "StorageRun", "buffer_lifetimes", "live_bytes",
            "liveness_analysis_pass", "measured_peak_bytes", "record_storages"]
@@ -192,10 +198,15 @@ def liveness_analysis_pass(graph: ForgeGraph, args: LivenessArgs) -> tuple[Forge
     gm.eval()
     try:
         run = record_storages(gm, flat)
+        regions = checkpointed_regions(gm, nodes, run.saved, run.storages)
         buffers, owner = buffer_lifetimes(run)
         steps = len(nodes)
         inf, train = live_bytes(buffers, steps)
-        bwd = backward_live_bytes(gm, nodes, run.values, run.storages, buffers, run.saved)
+        costs = region_costs(regions, run.values)
+        for node, (inside, _) in costs.items():  # a region's body peaks inside its node
+            inf[nodes.index(node)] += inside
+            train[nodes.index(node)] += inside
+        bwd = backward_live_bytes(gm, nodes, run.values, run.storages, buffers, run.saved, costs)
         peak_b = max(range(steps), key=lambda i: bwd[i])
         peak_i = max(range(steps), key=lambda i: inf[i])
         peak_t = max(range(steps + 1), key=lambda i: train[i])

@@ -21,6 +21,11 @@ walks the nodes in reverse (autograd's order for a graph in program order). At n
 - weight gradients: computed into a new buffer and then added into the existing ``.grad`` (grads are
   assumed allocated before the step, as in a training loop that zeroes rather than frees them).
 
+Checkpointed regions (a call_module running ``torch.utils.checkpoint``, e.g. the activation checkpoint
+pass's CheckpointRegion): autograd saves nothing inside, but the region keeps its inputs until its backward;
+its body's own peak is a transient at that node in forward, and in backward the body is recomputed and
+differentiated: the body's own step peak (estimated the same way) or its input gradients, whichever is larger.
+
 Not modelled: workspaces inside an op's backward kernel, the seed gradient (an expanded scalar for a
 summed or mean loss) and outputs that are not saved (freed before backward starts).
 """
@@ -34,7 +39,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-__all__ = ["allocator_peak", "backward_live_bytes", "measured_step_bytes", "output_loss"]
+__all__ = ["allocator_peak", "backward_live_bytes", "checkpointed_regions", "measured_step_bytes", "output_loss",
+           "region_costs"]
 
 
 def _grad_bytes(value: Any) -> int:
@@ -58,14 +64,52 @@ def _param_grad_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
     return sum(p.nbytes for p in dict.fromkeys(params) if p.requires_grad)
 
 
+def checkpointed_regions(gm: fx.GraphModule, nodes: list[fx.Node], saved: dict[fx.Node, list[tuple[int, int]]],
+                         storages: dict[fx.Node, list[tuple[int, int]]]) -> dict[fx.Node, Any]:
+    """The nodes calling a checkpointed region, each with its module; their inputs are recorded in ``saved``
+    as saved by that node (the checkpoint keeps them for the recomputation)."""
+    try:
+        from ..memory.checkpoint_region import CheckpointRegion
+    except ImportError:  # no memory passes: no regions
+        return {}
+    regions = {n: gm.get_submodule(str(n.target)) for n in nodes if n.op == "call_module"
+               and isinstance(gm.get_submodule(str(n.target)), CheckpointRegion)}
+    for node in regions:
+        saved.setdefault(node, []).extend(s for a in node.all_input_nodes for s in storages.get(a, []))
+    return regions
+
+
+def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dict[fx.Node, tuple[int, int]]:
+    """Per region node: (forward transient beyond its outputs, backward bytes of recomputing and differentiating
+    its body), from the body's own liveness on the inputs it received."""
+    from .liveness import buffer_lifetimes, live_bytes, record_storages  # liveness imports this module
+
+    out: dict[fx.Node, tuple[int, int]] = {}
+    for node, region in regions.items():
+        body = region.body()
+        body.eval()  # record_storages restores this mode on the children, which the outer graph shares
+        flat = [values[a] if isinstance(a, fx.Node) else a for a in node.args[: region.inputs]]
+        run = record_storages(body, flat)
+        buffers, _ = buffer_lifetimes(run)
+        inf, train = live_bytes(buffers, len(run.nodes))
+        bwd = backward_live_bytes(body, run.nodes, run.values, run.storages, buffers, run.saved)
+        outputs = sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(values.get(node))
+                      if isinstance(t, torch.Tensor))
+        out[node] = (max(0, max(inf) - outputs), max(max(train), max(bwd, default=0)))
+    return out
+
+
 def backward_live_bytes(gm: fx.GraphModule, nodes: list[fx.Node], values: dict[fx.Node, Any],
                         storages: dict[fx.Node, list[tuple[int, int]]],
-                        buffers: dict[int, list[Any]], saved: dict[fx.Node, list[tuple[int, int]]]) -> list[int]:
+                        buffers: dict[int, list[Any]], saved: dict[fx.Node, list[tuple[int, int]]],
+                        regions: dict[fx.Node, tuple[int, int]] | None = None) -> list[int]:
     """Estimated live bytes at each node's backward (index = forward node index; 0 where none runs).
 
     ``values`` / ``storages`` / ``saved`` come from one grad-mode run keeping every value (a liveness
-    run); ``buffers`` are the activation buffers ``ptr -> [born, dies, bytes, saved]`` of that run.
+    run); ``buffers`` are the activation buffers ``ptr -> [born, dies, bytes, saved]`` of that run;
+    ``regions``: region_costs of its checkpointed regions (their backward recomputes the body).
     """
+    regions = regions or {}
     steps = len(nodes)
     index = {n: i for i, n in enumerate(nodes)}
     first_saver: dict[int, int] = {}
@@ -98,7 +142,8 @@ def backward_live_bytes(gm: fx.GraphModule, nodes: list[fx.Node], values: dict[f
                 continue
             is_view = len(outputs) == 1 and bool(own) and own <= {p for p, _ in storages.get(arg, [])}
             new[i] += 0 if is_view else grad[arg]
-        new[i] += _param_grad_bytes(gm, node)
+        # a region's input gradients appear as its body's backward ends, when the body's buffers are gone
+        new[i] = max(new[i], regions[node][1]) if node in regions else new[i] + _param_grad_bytes(gm, node)
     level = 0
     out = [0] * steps
     for i in range(steps):
