@@ -235,3 +235,16 @@ def test_constants_still_fold_after_buffer_reuse() -> None:
     assert info.folded == alone.folded > 0
     inputs = MODELS["tiny_bert"][2][0]
     assert torch.equal(_call(folded, inputs), _call(mg, inputs))
+
+
+def test_metadata_of_rewritten_nodes_is_derived_afresh() -> None:
+    from fxforge.passes import add_common_metadata_analysis_pass, holds, init_metadata_analysis_pass
+
+    mg = ForgeGraph(make_gpt(), example_inputs=_gpt_idx(2, 16))
+    mg, _ = init_metadata_analysis_pass(mg)
+    mg, _ = add_common_metadata_analysis_pass(mg)
+    new, info = buffer_reuse_transform_pass(mg)
+    assert info.rewrites and holds("shapes", new)
+    for r in info.rewrites:
+        old, now = mg.node(r.node).meta["fxforge"].common, new.node(r.node).meta["fxforge"].common
+        assert now.results == old.results and now.op == old.op, r.node
