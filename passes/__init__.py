@@ -28,6 +28,7 @@ from .contract import (
     register_property,
 )
 from .lora_checkpoint import load_lora_adapters, save_lora_adapters
+from .memory.activation_checkpoint import activation_checkpoint_transform_pass
 from .memory.buffer_reuse import buffer_reuse_transform_pass
 from .prune import prune_transform_pass, shrink_transform_pass
 from .quantize import (
@@ -93,5 +94,6 @@ __all__ = [
     "batch_matmuls_transform_pass",
     "fuse_elementwise_transform_pass",
     "optimize_graph_pipeline",
+    "activation_checkpoint_transform_pass",
     "buffer_reuse_transform_pass",
 ]

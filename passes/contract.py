@@ -71,7 +71,14 @@ def _has_shapes(graph: ForgeGraph) -> bool:
         n.meta["fxforge"].common.results or n.op == "output" for n in nodes)
 
 
+def _has_checkpoint_regions(graph: ForgeGraph) -> bool:
+    return any(getattr(m, "recomputed_in_backward", False) is True for m in graph.model.modules())
+
+
 register_property("metadata", _has_metadata, "every node carries fxforge metadata (init_metadata_analysis_pass)")
+register_property("activation-checkpointed", _has_checkpoint_regions,
+                  "parts of the graph run inside checkpointed regions (activation_checkpoint_transform_pass), whose "
+                  "layers module transforms cannot select")
 register_property("shapes", _has_shapes,
                   "every node's metadata records its result shapes (add_common_metadata_analysis_pass)")
 

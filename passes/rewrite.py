@@ -46,7 +46,8 @@ from ..graph.metadata import has_meta
 from .propagate import derive_nodes, has_values, incomplete_nodes, init_node
 from .select import select_nodes
 
-__all__ = ["Builder", "GraphRewrite", "Injection", "NoMatchError", "complete_metadata", "describe_candidates",
+__all__ = ["Builder", "GraphRewrite", "Injection", "NoMatchError", "complete_metadata", "delete_unused_submodules",
+           "describe_candidates",
            "inject_modules", "param_users", "refresh_nodes", "set_module", "swap_module"]
 
 Builder = Callable[[str, nn.Module], nn.Module | None]
@@ -155,6 +156,31 @@ def inject_modules(gm: fx.GraphModule, targets: Any, exclude: Any, build: Builde
                            f"candidates: {describe_candidates(gm)}")
     refresh_nodes(gm, _callers(gm, set(done)))
     return list(done.values())
+
+
+def delete_unused_submodules(gm: fx.GraphModule) -> None:
+    """torch.fx's clean-up of modules no node names (``delete_all_unused_submodules``), except that a module
+    object still called inside a called module (e.g. a checkpointed region's alias of a layer) stays at every
+    path where it lives, with its ancestors and its own submodules."""
+    used: set[str] = set()
+    called: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "get_attr") and isinstance(node.target, str):
+            parts = node.target.split(".")
+            used.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+            if node.op == "call_module":
+                try:
+                    sub = gm.get_submodule(node.target)
+                except AttributeError:
+                    continue
+                called.update(id(m) for m in sub.modules())
+                used.update(f"{node.target}.{name}" for name, _ in sub.named_modules() if name)
+    for path, module in gm.named_modules(remove_duplicate=False):
+        if path and id(module) in called:
+            parts = path.split(".")
+            used.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for name in [name for name, _ in gm.named_modules() if name and name not in used]:
+        gm.delete_submodule(name)
 
 
 # -- graph rewrites ---------------------------------------------------------------------------------
@@ -303,6 +329,6 @@ class GraphRewrite:
         alive = set(self.graph.nodes)
         live = {n for n in self.touched if n in alive}
         self.graph.lint()
-        self.gm.delete_all_unused_submodules()
+        delete_unused_submodules(self.gm)
         refresh_nodes(self.gm, live)
         self.touched.clear()

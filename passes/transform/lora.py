@@ -235,7 +235,7 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r + ".") for r in roots)
 
 
-@forge_pass("transform", LoraArgs, info=LoraInfo, ensures=("lora",),
+@forge_pass("transform", LoraArgs, info=LoraInfo, ensures=("lora",), forbids=("activation-checkpointed",),
             contract=NumericalContract("exact", atol=0.0, rtol=0.0, note="B = 0: a fresh adapter adds nothing"))
 def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tuple[ForgeGraph, LoraInfo]:
     """Wrap each selected nn.Linear in a LoraLinear; outputs are unchanged (B = 0) until training.
@@ -358,7 +358,7 @@ def _weight_error(lora: LoraLinear, fused: nn.Linear) -> float:
         return float((merged - applied).abs().max()) if merged.numel() else 0.0
 
 
-@forge_pass("transform", FuseLoraArgs, info=FuseLoraInfo, requires=("lora",),
+@forge_pass("transform", FuseLoraArgs, info=FuseLoraInfo, requires=("lora",), forbids=("activation-checkpointed",),
             contract=NumericalContract("exact", atol=1e-5, rtol=1e-5, note="W + scaling * B @ A, float rounding"))
 def fuse_lora_weights_transform_pass(graph: ForgeGraph, args: FuseLoraArgs) -> tuple[ForgeGraph, FuseLoraInfo]:
     """Merge each selected adapter into its layer and replace the LoraLinear by the base layer's class.

@@ -1,0 +1,138 @@
+"""activation_checkpoint_transform_pass: fit a training step's activation memory into a budget by recomputation.
+
+How it chooses (passes/memory/checkpoint_plan.py): one training-mode run with grad records, per node, the
+bytes autograd saves for backward and the result storages (the liveness analysis's runner), and a forward cost
+(the profile pass's latency when present, else FLOPs + bytes). A dynamic program over the topological order
+(Chen et al.'s sublinear-memory segments, Checkmate-style costs) picks contiguous segments to recompute:
+for each cap on one segment's internal saved bytes and each price of recompute time, it minimises kept bytes
+(saved tensors outside segments + boundary inputs of segments) + price x recomputed cost; the cheapest plan
+whose estimated peak (kept + the largest segment + a gradient in flight) fits the budget wins. A budget
+below the smallest peak any plan reaches is refused with that figure.
+
+How it rewrites: each segment becomes a :class:`CheckpointRegion` (passes/memory/checkpoint_region.py) called
+once from the graph; it runs ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False,
+preserve_rng_state=True)``, so outputs and gradients are bitwise those of the original graph, dropout
+included (the RNG state of the forward is replayed). Nodes that write in place, return nothing (guards) or
+switch grad mode never enter a segment. get_attr nodes stay in the graph and are passed in. The regions'
+layers keep their paths (and parameter names); module transforms (LoRA, quantize, prune) cannot select them
+and refuse to run after this pass ("activation-checkpointed" graph property): run them first.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx as fx
+import torch.nn as nn
+
+from ...graph.forge_graph import ForgeGraph
+from ...graph.inputs import ExampleInputs
+from ..base import PassArgsError, PassError, forge_pass
+from ..contract import NumericalContract, PassInfo
+from ..propagate import flat_inputs
+from ..rewrite import GraphRewrite
+from .checkpoint_plan import graph_costs, plan_checkpoints
+from .checkpoint_region import CheckpointRegion
+
+__all__ = ["ActivationCheckpointArgs", "ActivationCheckpointInfo", "activation_checkpoint_transform_pass"]
+
+MB = 2**20
+_NAME = "activation_checkpoint_transform_pass"
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointArgs:
+    """Exactly one of budget_mb (peak training activation memory, MB = 2^20 bytes) or fraction (of the
+    unmodified graph's estimated peak); data: inputs to plan on instead of the example inputs."""
+
+    budget_mb: float | None = None
+    fraction: float | None = None
+    data: Any = None
+
+    def __post_init__(self) -> None:
+        if (self.budget_mb is None) == (self.fraction is None):
+            raise ValueError("give exactly one of 'budget_mb' (MB) or 'fraction' (of the unmodified peak)")
+        if self.budget_mb is not None and not self.budget_mb > 0:
+            raise ValueError(f"budget_mb must be > 0, got {self.budget_mb}")
+        if self.fraction is not None and not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointInfo(PassInfo):
+    """Estimated peaks (bytes), the budget, the segments (first and last node of each), the extra forward cost
+    as a fraction of one forward, and where the costs came from."""
+
+    planned_peak_bytes: int
+    baseline_peak_bytes: int
+    budget_bytes: int
+    segments: int
+    segment_nodes: tuple[tuple[str, str], ...]
+    recompute_fraction: float
+    cost_source: str
+
+
+def _checkpoint_segment(gm: fx.GraphModule, rw: GraphRewrite, seg: list[fx.Node], k: int) -> None:
+    """One segment (nodes in graph order) becomes a CheckpointRegion call; its outputs are read by getitem."""
+    members = set(seg)
+    inputs = list(dict.fromkeys(a for n in seg for a in n.all_input_nodes if a not in members))
+    outputs = [n for n in seg if any(u not in members for u in n.users)]
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {node: graph.placeholder(node.name) for node in inputs}
+    children: dict[str, nn.Module] = {}
+    local: dict[str, str] = {}
+    for node in seg:
+        new = graph.node_copy(node, env.__getitem__)
+        new.meta = {}
+        if node.op == "call_module":
+            path = str(node.target)
+            if path not in local:
+                local[path] = f"m{len(local)}"
+                children[local[path]] = gm.get_submodule(path)
+            new.target = local[path]
+        env[node] = new
+    graph.output(tuple(env[n] for n in outputs))
+    region = CheckpointRegion(graph, children, len(inputs))
+    call = rw.call_module(f"activation_checkpoint_{k}", region, tuple(inputs), after=seg[-1])
+    last = call
+    for i, out in enumerate(outputs):
+        last = rw.call_function(operator.getitem, (call, i), after=last)
+        rw.redirect_users(out, last, keep=members.__contains__)
+    for node in reversed(seg):
+        rw.erase(node)
+
+
+@forge_pass("transform", ActivationCheckpointArgs, info=ActivationCheckpointInfo, forbids=("activation-checkpointed",),
+            contract=NumericalContract("exact", atol=0.0, rtol=0.0, mode="train",
+                                       note="recomputation replays the same ops and RNG state"))
+def activation_checkpoint_transform_pass(graph: ForgeGraph, args: ActivationCheckpointArgs
+                                         ) -> tuple[ForgeGraph, ActivationCheckpointInfo]:
+    """Plan segments within the budget (module docstring) and rewrite them into checkpointed regions."""
+    gm = graph.model
+    example = graph.example_inputs if args.data is None else ExampleInputs.coerce(args.data)
+    if example is None:
+        raise PassArgsError(f"{_NAME}: no inputs: capture with example_inputs or pass {{'data': ...}}")
+    costs = graph_costs(gm, flat_inputs(gm, example))
+    budget = int(args.budget_mb * MB) if args.budget_mb is not None else int(args.fraction * costs.baseline_peak)
+    plan, smallest = plan_checkpoints(costs, budget)
+    if plan is None:
+        raise PassError(f"{_NAME}: a budget of {budget / MB:.4f} MB is below the smallest peak any plan reaches, "
+                        f"{smallest / MB:.4f} MB (unmodified: {costs.baseline_peak / MB:.4f} MB); give at least "
+                        "that, or smaller inputs")
+    segments = [[n for n in costs.nodes[a:b + 1] if n.op != "get_attr"] for a, b in plan.segments]
+    if segments:
+        with GraphRewrite(gm) as rw:
+            for k, seg in enumerate(segments):
+                _checkpoint_segment(gm, rw, seg, k)
+    forward = costs.forward_cost
+    return graph, ActivationCheckpointInfo(
+        planned_peak_bytes=plan.peak, baseline_peak_bytes=costs.baseline_peak, budget_bytes=budget,
+        segments=len(segments), segment_nodes=tuple((s[0].name, s[-1].name) for s in segments),
+        recompute_fraction=plan.cost / forward if forward > 0 else 0.0, cost_source=costs.cost_source)
+
+
+def checkpoint_regions(module: nn.Module) -> list[CheckpointRegion]:
+    """The checkpointed regions in a (rewritten) graph module."""
+    return [m for m in module.modules() if isinstance(m, CheckpointRegion)]

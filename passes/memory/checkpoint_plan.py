@@ -1,0 +1,225 @@
+"""The activation-checkpoint planner: which contiguous segments of the graph to recompute in backward.
+
+Costs come from one run of the graph in training mode with grad (the liveness analysis's runner: it records
+what autograd saves per node, by storage, and each node's result storages), plus FLOPs per node from the same
+run; a node's forward time is its ProfileRecord latency when the profile pass ran, else FLOPs + 4 x result
+bytes (a memory-bound op costs time too).
+
+Memory model (Chen et al., "sublinear memory"): a checkpointed segment keeps only its boundary inputs; its
+internal saved tensors come back one segment at a time during backward. So
+
+    peak = sum(saved bytes of nodes outside segments) + sum(boundary input bytes of segments)
+           + max(saved bytes inside one segment) + transient
+
+where transient = 2 x the largest activation (a gradient in flight beside its input). For a cap L on the
+largest segment and a price lambda per unit of recompute cost, a dynamic program over the topological order
+(f[i] = min over "keep node i" / "segment j..i" of kept bytes + lambda * recomputed cost) finds the best
+segmentation; sweeping L and lambda gives a set of plans, and the cheapest whose peak fits the budget wins.
+The smallest peak over the sweep (lambda -> 0) is the smallest reachable figure.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils.flop_counter import FlopCounterMode
+
+from ...graph.metadata import get_meta, has_meta
+from ..analysis.liveness import _Runner
+from ..analysis.profile import ProfileRecord
+
+__all__ = ["GraphCosts", "Plan", "graph_costs", "plan_checkpoints"]
+
+_MUTATING_FUNCTIONS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                 operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul, operator.iand,
+                                 operator.ior, operator.ixor, operator.ilshift, operator.irshift})
+
+
+@dataclass(frozen=True)
+class GraphCosts:
+    """Per node (graph order): whether a segment may contain it, saved-for-backward bytes, forward cost; and
+    per segment end i: the candidate segments [j..i] as (j, saved bytes inside, boundary input bytes, cost)."""
+
+    nodes: tuple[fx.Node, ...]
+    segmentable: tuple[bool, ...]
+    saved: tuple[int, ...]
+    cost: tuple[float, ...]
+    transient: int
+    spans: tuple[tuple[tuple[int, int, int, float], ...], ...]
+    cost_source: str
+
+    @property
+    def baseline_peak(self) -> int:
+        """The model's peak without any segment."""
+        return sum(self.saved) + self.transient
+
+    @property
+    def forward_cost(self) -> float:
+        return sum(self.cost)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Chosen segments as inclusive node-index ranges, their estimated peak and recompute cost."""
+
+    segments: tuple[tuple[int, int], ...]
+    peak: int
+    cost: float
+
+
+class _CostRunner(_Runner):
+    """The liveness runner, also counting FLOPs per node."""
+
+    def __init__(self, gm: fx.GraphModule, mode: FlopCounterMode) -> None:
+        super().__init__(gm)
+        self.mode = mode
+        self.flops: dict[fx.Node, int] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        before = self.mode.get_total_flops()
+        out = super().run_node(n)
+        self.flops[n] = self.mode.get_total_flops() - before
+        return out
+
+
+def _mutates(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether a node may write a tensor in place (recomputing it would write again): never in a segment."""
+    target = node.target
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_method":
+        return str(target).endswith("_") and not str(target).startswith("_")
+    if node.op == "call_module":
+        return getattr(gm.get_submodule(str(target)), "inplace", False) is True
+    if isinstance(target, torch._ops.OpOverload):
+        return any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
+    name = getattr(target, "__name__", "")
+    return target in _MUTATING_FUNCTIONS or (name.endswith("_") and not name.startswith("_"))
+
+
+def _segmentable(gm: fx.GraphModule, node: fx.Node, value: Any) -> bool:
+    """A computation a checkpoint can replay: returns a value, writes nothing, switches no global mode."""
+    if node.op not in ("call_module", "call_function", "call_method") or value is None or _mutates(gm, node):
+        return False
+    target = node.target
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return False
+    name = f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', '')}"
+    return not any(k in name for k in ("grad_enabled", "autocast", "check_input_shapes", "_assert"))
+
+
+def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
+    """Run ``gm`` once in training mode with grad (RNG state restored after) and derive the planner's costs."""
+    mode = FlopCounterMode(display=False)
+    runner = _CostRunner(gm, mode)
+    was_training = gm.training
+    gm.train()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), mode, \
+                torch.autograd.graph.saved_tensors_hooks(runner.pack, lambda t: t):
+            runner.run(*flat)
+    finally:
+        gm.train(was_training)
+    nodes = tuple(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    held = {t.untyped_storage().data_ptr() for t in (*gm.parameters(), *gm.buffers(),
+                                                     *(v for v in flat if isinstance(v, torch.Tensor)))} | {0}
+    seen: set[int] = set(held)
+    saved = []
+    for node in nodes:  # each saved storage counted once, at the first node that saved it
+        mine = {p: s for p, s in runner.saved.get(node, []) if p not in seen}
+        seen.update(mine)
+        saved.append(sum(mine.values()))
+    produced = [{p: s for p, s in runner.storages.get(n, []) if p not in held} for n in nodes]
+    segmentable = tuple(_segmentable(gm, n, runner.env.get(n)) for n in nodes)
+    latency = [get_meta(n).software.get(ProfileRecord) if has_meta(n) else None for n in nodes]
+    if all(r is not None for r, ok in zip(latency, segmentable) if ok) and any(latency):
+        cost = tuple(float(r.latency_ms) if r is not None and ok else 0.0 for r, ok in zip(latency, segmentable))
+        source = "profile latency"
+    else:
+        cost = tuple(float(runner.flops.get(n, 0) + 4 * sum(produced[i].values())) if segmentable[i] else 0.0
+                     for i, n in enumerate(nodes))
+        source = "flops + 4 x result bytes"
+    transient = 2 * max((sum(p.values()) for p in produced), default=0)
+    inputs = [sorted({index[a] for a in n.all_input_nodes}) for n in nodes]
+    spans: list[tuple[tuple[int, int, int, float], ...]] = []
+    for i in range(len(nodes)):
+        out: list[tuple[int, int, int, float]] = []
+        if segmentable[i]:
+            refs: dict[int, int] = {}  # storage -> how many outside producers feeding the segment hold it
+            members: set[int] = set()
+            in_bytes = inside = 0
+            work = 0.0
+            for j in range(i, -1, -1):
+                free = nodes[j].op == "get_attr"
+                if not (segmentable[j] or free):
+                    break
+                if j in members:  # a producer inside the segment is no longer one of its inputs
+                    members.discard(j)
+                    for p, s in produced[j].items():
+                        refs[p] -= 1
+                        if refs[p] == 0:
+                            del refs[p]
+                            in_bytes -= s
+                if not free:
+                    inside += saved[j]
+                    work += cost[j]
+                    for a in inputs[j]:
+                        if a not in members:
+                            members.add(a)
+                            for p, s in produced[a].items():
+                                refs[p] = refs.get(p, 0) + 1
+                                if refs[p] == 1:
+                                    in_bytes += s
+                    out.append((j, inside, in_bytes, work))
+        spans.append(tuple(out))
+    return GraphCosts(nodes, segmentable, tuple(saved), cost, transient, tuple(spans), source)
+
+
+def _solve(c: GraphCosts, cap: int, lam: float) -> Plan:
+    """The DP for one cap on a segment's internal bytes and one price per unit of recompute cost."""
+    n = len(c.nodes)
+    best = [0.0] * (n + 1)
+    mem = [0] * (n + 1)
+    work = [0.0] * (n + 1)
+    top = [0] * (n + 1)
+    back = [-1] * (n + 1)
+    for i in range(n):
+        best[i + 1], mem[i + 1], work[i + 1], top[i + 1] = best[i] + c.saved[i], mem[i] + c.saved[i], work[i], top[i]
+        for j, inside, in_bytes, w in c.spans[i]:
+            if inside > cap:
+                break
+            value = best[j] + in_bytes + lam * w
+            if value < best[i + 1]:
+                best[i + 1], mem[i + 1], work[i + 1] = value, mem[j] + in_bytes, work[j] + w
+                top[i + 1], back[i + 1] = max(top[j], inside), j
+    segments = []
+    i = n
+    while i > 0:
+        if back[i] >= 0:
+            segments.append((back[i], i - 1))
+            i = back[i]
+        else:
+            i -= 1
+    return Plan(tuple(reversed(segments)), mem[n] + top[n] + c.transient, work[n])
+
+
+def plan_checkpoints(c: GraphCosts, budget: int | None) -> tuple[Plan | None, int]:
+    """The cheapest plan whose peak is within ``budget`` bytes (None if none is), and the smallest peak reached."""
+    sizes = sorted({inside for span in c.spans for _, inside, _, _ in span if inside > 0})
+    if len(sizes) > 12:  # caps spread evenly in log-space over the segment sizes that occur
+        lo, hi = math.log(sizes[0]), math.log(sizes[-1])
+        sizes = sorted({min(sizes, key=lambda s, t=lo + (hi - lo) * k / 11: abs(math.log(s) - t)) for k in range(12)})
+    unit = max(sum(c.saved), 1) / max(c.forward_cost, 1e-12)
+    plans = [Plan((), c.baseline_peak, 0.0)]
+    for cap in sizes:
+        for k in range(10):
+            plans.append(_solve(c, cap, unit * 10.0 ** (k / 2 - 3.5)))
+    smallest = min(p.peak for p in plans)
+    fits = [p for p in plans if budget is not None and p.peak <= budget]
+    return (min(fits, key=lambda p: (p.cost, p.peak)) if fits else None), smallest

@@ -1,0 +1,108 @@
+"""CheckpointRegion: a contiguous piece of a graph run under ``torch.utils.checkpoint`` (recomputed in backward).
+
+The region holds the piece as its own small fx graph over its children ``m0, m1, ...``, which are the very
+module objects the piece called (aliases: their parameters keep their names where they already live, and a
+checkpoint stores them once, as module aliases). Children that hold no tensor are rebuilt from their config.
+With grad enabled the region runs ``checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)``:
+only its inputs are kept for backward, its internals are recomputed with the RNG state of the forward, so
+dropout replays the same mask. Without grad (eval, metadata passes) the body simply runs. The rewrite engine's
+unused-module clean-up (passes/rewrite.delete_unused_submodules) keeps the aliased layers at their own paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.utils.checkpoint
+
+from ...graph import targets
+from ...graph.checkpoint import _codegen_json, _node_json
+from ...graph.checkpoint_load import CHECKPOINT_SCHEMA_VERSION, _build_graph, _check_config
+
+__all__ = ["CheckpointRegion"]
+
+
+class CheckpointRegion(nn.Module):
+    """Runs ``graph`` (``inputs`` placeholders; output: a tuple) under non-reentrant checkpointing."""
+
+    recomputed_in_backward = True  # the "activation-checkpointed" graph property (passes/contract.py)
+
+    def __init__(self, graph: fx.Graph, children: dict[str, nn.Module], inputs: int) -> None:
+        super().__init__()
+        for name, child in children.items():
+            self.add_module(name, child)
+        self.inputs = inputs
+        self._graph = graph
+        self._body: tuple[tuple[int, ...], fx.GraphModule] | None = None
+
+    def body(self) -> fx.GraphModule:
+        """The graph as a GraphModule over the current children (rebuilt when a child was replaced, e.g. by
+        a checkpoint's module aliases or a copy)."""
+        key = tuple(id(m) for m in self._modules.values())
+        if self._body is None or self._body[0] != key:
+            self._body = (key, fx.GraphModule(self, self._graph, class_name="CheckpointRegionBody"))
+        return self._body[1]
+
+    def forward(self, *args: Any) -> Any:
+        if len(args) != self.inputs:
+            raise TypeError(f"CheckpointRegion takes {self.inputs} inputs, got {len(args)}")
+        body, inputs = self.body(), args
+        if torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)
+        return body(*inputs)
+
+    def extra_repr(self) -> str:
+        nodes = [n for n in self._graph.nodes if n.op not in ("placeholder", "output")]
+        return f"inputs={self.inputs}, nodes={len(nodes)}, first={nodes[0].name}, last={nodes[-1].name}"
+
+
+def _to_config(region: CheckpointRegion) -> dict[str, Any]:
+    """The body as checkpoint JSON (same allowlist as the parent graph); tensor-free children by config."""
+    body = region.body()
+    tensor_names = {n for n, _ in body.named_parameters()} | {n for n, _ in body.named_buffers()}
+    rebuilt: dict[str, Any] = {}
+    for name, child in region.named_children():
+        if next(iter((*child.parameters(), *child.buffers())), None) is None:
+            spec = targets.module_spec_for(child)
+            rebuilt[name] = {"class": spec.name, "config": None if spec.to_config is None else spec.to_config(child)}
+    return {"inputs": region.inputs, "children": list(region._modules), "rebuilt": rebuilt,
+            "codegen": _codegen_json(region._graph),
+            "nodes": [_node_json(n, body, tensor_names) for n in region._graph.nodes]}
+
+
+def _from_config(config: dict[str, Any]) -> CheckpointRegion:
+    """Rebuild from :func:`_to_config`'s JSON (hostile: every name and target goes through the allowlist).
+
+    Children holding tensors start as empty placeholders; the checkpoint's module aliases put the real ones."""
+    if set(config) != {"inputs", "children", "rebuilt", "codegen", "nodes"}:
+        raise targets.CheckpointError(f"CheckpointRegion config keys {sorted(config)} are not the expected ones")
+    names, rebuilt, inputs = config["children"], config["rebuilt"], config["inputs"]
+    if not isinstance(names, list) or not all(targets.is_identifier(n) for n in names) \
+            or not isinstance(rebuilt, dict) or not set(rebuilt) <= set(names) \
+            or not isinstance(inputs, int) or isinstance(inputs, bool) or inputs < 0:
+        raise targets.CheckpointError("CheckpointRegion config: children, rebuilt or inputs malformed")
+    children: dict[str, nn.Module] = {}
+    for name in names:
+        entry = rebuilt.get(name)
+        if entry is None:
+            children[name] = nn.Module()
+            continue
+        if not isinstance(entry, dict) or set(entry) != {"class", "config"}:
+            raise targets.CheckpointError(f"CheckpointRegion child {name!r}: malformed entry")
+        spec = targets.resolve_module(entry["class"])
+        if spec.from_config is None:
+            children[name] = spec.cls()
+        else:
+            children[name] = spec.from_config(_check_config(name, spec, entry["config"]))
+        if type(children[name]) is not spec.cls:
+            raise targets.CheckpointError(f"CheckpointRegion child {name!r}: {spec.name} built another class")
+    region = CheckpointRegion(fx.Graph(), children, inputs)
+    region._graph = _build_graph(region, {"nodes": config["nodes"], "codegen": config["codegen"]},
+                                 CHECKPOINT_SCHEMA_VERSION)
+    return region
+
+
+targets.register_module(CheckpointRegion, _to_config, _from_config, name="fxforge.CheckpointRegion")

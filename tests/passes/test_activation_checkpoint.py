@@ -1,0 +1,156 @@
+"""activation_checkpoint_transform_pass: bitwise-equal outputs and gradients (train mode with dropout, eval mode)
+on tiny BERT, GPT (attention, AFNO) and A-GRU at two input shapes; checkpoints round-trip; an impossible budget
+is refused with the reachable minimum; a budget is met on the allocator's measured peak."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
+
+from fxforge import ForgeGraph, passes
+from fxforge.graph.inputs import ExampleInputs
+from fxforge.passes import PassArgsError, PassError
+from fxforge.passes.memory import activation_checkpoint_transform_pass, measure_training_peak
+from fxforge.passes.memory.activation_checkpoint import MB, checkpoint_regions
+from fxforge.passes.propagate import flat_inputs
+
+BERT_SHAPES = [bert_inputs(batch=3, seq=11), bert_inputs(batch=2, seq=7)]
+
+
+@pytest.fixture(scope="module")
+def bert() -> ForgeGraph:
+    """Tiny BERT with metadata, captured once for the module (tests transform copies)."""
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask", "labels"])
+    mg, _ = passes.init_metadata_analysis_pass(mg)
+    mg, _ = passes.add_common_metadata_analysis_pass(mg)
+    return mg
+
+
+@pytest.fixture(scope="module")
+def bert_checkpointed(bert: ForgeGraph) -> tuple[ForgeGraph, Any]:
+    return activation_checkpoint_transform_pass(bert, {"fraction": 0.75})
+
+
+def _gpt(mixer: str) -> Callable[[], tuple[ForgeGraph, list[dict[str, torch.Tensor]]]]:
+    def build() -> tuple[ForgeGraph, list[dict[str, torch.Tensor]]]:
+        gen = torch.Generator().manual_seed(4)
+        shapes = [torch.randint(0, 64, s, generator=gen) for s in ((2, 16), (3, 24))]
+        return ForgeGraph(make_gpt(mixer), example_inputs=(shapes[0],)), [{"idx": x} for x in shapes]
+    return build
+
+
+def _agru() -> tuple[ForgeGraph, list[dict[str, torch.Tensor]]]:
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2, 5, 8, generator=gen), torch.randn(3, 5, 8, generator=gen)]
+    return ForgeGraph(make_agru(), example_inputs=(xs[0],)), [{"x": x} for x in xs]
+
+
+MODELS = {"gpt-attn": _gpt("attn"), "gpt-afno": _gpt("afno"), "agru": _agru}
+
+
+def _step(mg: ForgeGraph, inputs: dict[str, torch.Tensor], seed: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Outputs of one seeded training step and every parameter's gradient, by name."""
+    mg.model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = mg(**inputs)
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
+    return [t.detach() for t in leaves], {n: p.grad for n, p in mg.model.named_parameters()}
+
+
+@pytest.mark.parametrize("model", ["bert", *sorted(MODELS)])
+def test_outputs_and_gradients_are_bitwise_equal(model: str, request: pytest.FixtureRequest) -> None:
+    if model == "bert":
+        mg, shapes = request.getfixturevalue("bert"), BERT_SHAPES
+        out, info = request.getfixturevalue("bert_checkpointed")
+    else:
+        mg, shapes = MODELS[model]()
+        out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.75})
+    assert info.segments == len(checkpoint_regions(out.model)) >= 1, info
+    assert info.planned_peak_bytes <= info.budget_bytes < info.baseline_peak_bytes
+    assert 0 < info.recompute_fraction <= 1.0 + 1e-9
+    assert [n for n, _ in out.model.named_parameters()] == [n for n, _ in mg.model.named_parameters()]
+    for train in (True, False):
+        mg.model.train(train)
+        out.model.train(train)
+        for inputs in shapes:
+            ref_out, ref_grad = _step(mg, inputs, seed=7)
+            new_out, new_grad = _step(out, inputs, seed=7)
+            assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True)), (model, train)
+            assert ref_grad.keys() == new_grad.keys()
+            assert all((a is None and b is None) or torch.equal(a, b) for a, b in
+                       zip(ref_grad.values(), new_grad.values())), (model, train)
+
+
+def test_dropout_is_replayed_not_disabled(bert_checkpointed: tuple[ForgeGraph, Any]) -> None:
+    out, inputs = bert_checkpointed[0].copy(), BERT_SHAPES[0]
+    out.model.train()
+    first, _ = _step(out, inputs, seed=1)
+    other, _ = _step(out, inputs, seed=2)
+    again, _ = _step(out, inputs, seed=1)
+    assert not torch.equal(first[0], other[0])  # dropout is active in the checkpointed graph
+    assert torch.equal(first[0], again[0])
+
+
+def test_impossible_budget_is_refused_with_the_reachable_minimum(bert: ForgeGraph) -> None:
+    mg = bert
+    with pytest.raises(PassError, match="smallest peak any plan reaches") as err:
+        activation_checkpoint_transform_pass(mg, {"budget_mb": 0.01})
+    smallest = float(re.search(r"reaches, ([0-9.]+) MB", str(err.value)).group(1))  # type: ignore[union-attr]
+    out, info = activation_checkpoint_transform_pass(mg, {"budget_mb": smallest + 1e-4})  # just reachable
+    assert info.planned_peak_bytes <= (smallest + 1e-4) * MB and info.segments >= 1
+    for bad in ({}, {"budget_mb": 1.0, "fraction": 0.5}, {"fraction": 1.5}):
+        with pytest.raises(PassArgsError):
+            activation_checkpoint_transform_pass(mg, bad)
+
+
+def test_a_budget_above_the_baseline_changes_nothing(bert: ForgeGraph) -> None:
+    mg = bert
+    out, info = activation_checkpoint_transform_pass(mg, {"fraction": 1.0})
+    assert info.segments == 0 and info.recompute_fraction == 0.0 and not info.changed
+    assert out.model.code == mg.model.code
+
+
+def test_checkpoint_round_trip(bert: ForgeGraph, bert_checkpointed: tuple[ForgeGraph, Any], tmp_path: Path) -> None:
+    mg, shapes = bert, BERT_SHAPES
+    out, info = bert_checkpointed[0].copy(), bert_checkpointed[1]
+    back = ForgeGraph.from_checkpoint(out.export(tmp_path / "ckpt"))
+    assert len(checkpoint_regions(back.model)) == info.segments
+    assert dict(back.model.named_parameters()).keys() == dict(mg.model.named_parameters()).keys()
+    for train in (True, False):
+        out.model.train(train)
+        back.model.train(train)
+        for inputs in shapes:
+            ref_out, ref_grad = _step(out, inputs, seed=3)
+            new_out, new_grad = _step(back, inputs, seed=3)
+            assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True))
+            assert all(torch.equal(ref_grad[k], new_grad[k]) for k in ref_grad)
+
+
+def test_metadata_after_the_pass_equals_a_fresh_run(bert_checkpointed: tuple[ForgeGraph, Any]) -> None:
+    out = bert_checkpointed[0]
+    fresh, _ = passes.add_common_metadata_analysis_pass(passes.init_metadata_analysis_pass(out.copy())[0])
+    assert [out.meta(n).common.to_json() for n in out.model.graph.nodes] == \
+        [fresh.meta(n).common.to_json() for n in fresh.model.graph.nodes]
+
+
+def test_budget_is_met_on_the_measured_peak(bert: ForgeGraph) -> None:
+    """Tiny BERT at 8 x 64: the allocator's peak over forward + backward, with 10% + 64 KiB slack for allocator
+    noise (alignment, autograd's small bookkeeping tensors), is within the budget; the unmodified graph is not."""
+    inputs = bert_inputs(batch=8, seq=64)
+    mg = bert.copy().train()
+    flat = flat_inputs(mg.model, ExampleInputs.coerce(inputs))
+    before = measure_training_peak(mg.model, flat)
+    out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.6, "data": inputs})
+    after = measure_training_peak(out.model, flat)
+    slack = 0.10 * info.budget_bytes + 64 * 1024
+    assert after <= info.budget_bytes + slack, (after, info)
+    assert before > info.budget_bytes + slack, (before, info)
+    print(f"measured peak {before / MB:.2f} MB -> {after / MB:.2f} MB; estimated {info.baseline_peak_bytes / MB:.2f}"
+          f" -> {info.planned_peak_bytes / MB:.2f} MB; budget {info.budget_bytes / MB:.2f} MB")
