@@ -6,12 +6,19 @@ output row), giving a perturbation ``dW``; the loss increase is then estimated o
 
 * ``fisher``: ``0.5 * sum(F * dW^2)`` with ``F`` the empirical Fisher diagonal (squared per-sample gradients,
   averaged over the calibration samples): the second-order Taylor term with the Fisher for the Hessian.
-* ``hessian_trace``: ``0.5 * Tr(H_l) / n_l * ||dW||^2`` (HAWQ-V3), the layer's Hessian-block trace estimated
-  by Hutchinson's method (``probes`` Rademacher probes per layer and batch, Hessian-vector products by double
-  backward). The trace can be negative away from a minimum or through saturating activations (tanh poolers);
-  the estimate is then negative too, and ranks that layer as insensitive.
+* ``hessian_trace``: ``0.5 * Tr(G_l) / n_l * ||dW||^2`` (HAWQ-V3's trace x squared perturbation), with
+  ``G_l = J_l^T H_z J_l`` the layer's Gauss-Newton block (``J_l``: the output's Jacobian in the weight,
+  ``H_z``: the loss's Hessian in the output), its trace estimated by Hutchinson's method (``probes``
+  Rademacher probes per layer and batch; ``J v`` and ``H_z (J v)`` by double backward). It is the Hessian
+  block without the term weighted by the residuals ``dL/dz``, equal to it at a minimum and positive
+  semi-definite everywhere: the full block's trace goes negative away from a minimum or through curved
+  activations (tanh poolers, GELU), and a negative trace times ``||dW||^2`` ranked such a layer below every other.
 * ``sqnr``: the layer alone runs quantized and the model output's noise power over its signal power is
   measured (loss-free; a loss-like score that grows with the noise).
+* ``loss``: the layer alone runs quantized and the calibration loss is measured, minus the float model's:
+  no estimate (HAQ's direct measurement), one pass over the batches per layer and width; cheap on small
+  models and the reference the estimates approximate. It can be negative (a quantized layer that happens to
+  fit the calibration batches better).
 
 Prune groups (attention heads, FFN units) are scored in passes/analysis/sensitivity_prune.py. Nothing is
 written into the graph: perturbed weights are passed to ``torch.func.functional_call`` beside the module,
@@ -227,16 +234,19 @@ def target_layers(gm: fx.GraphModule, targets: Any, exclude: Any = None) -> dict
 
 
 def _quant_deltas(ev: Evaluator, args: SensitivityArgs, keys: dict[str, str], params: dict[str, torch.Tensor],
-                  specs: dict[int, RoleSpec]) -> dict[str, list[tuple[int, float]]]:
-    """name -> [(width, estimated loss increase)] by the chosen method, widest first."""
+                  specs: dict[int, RoleSpec], baseline: float) -> dict[str, list[tuple[int, float]]]:
+    """name -> [(width, estimated or measured loss increase)] by the chosen method, widest first."""
     widths = sorted(specs, reverse=True)
     perturbed = {name: {w: quantized_weight(params[key], specs[w]) for w in widths} for name, key in keys.items()}
     if args.method == "sqnr":
         reference = ev.outputs()
         return {name: [(w, ev.noise_ratio(reference, {key: perturbed[name][w]})) for w in widths]
                 for name, key in keys.items()}
+    if args.method == "loss":
+        return {name: [(w, ev.mean_loss({key: perturbed[name][w]}) - baseline) for w in widths]
+                for name, key in keys.items()}
     leaves = {key: params[key] for key in keys.values()}
-    curvature = _fisher(ev, leaves) if args.method == "fisher" else _hutchinson(ev, leaves, args.probes, args.seed)
+    curvature = _fisher(ev, leaves) if args.method == "fisher" else _gauss_newton(ev, leaves, args.probes, args.seed)
     out = {}
     for name, key in keys.items():
         w = params[key].detach()
@@ -262,22 +272,31 @@ def _fisher(ev: Evaluator, leaves: dict[str, torch.Tensor]) -> dict[str, torch.T
     return {k: a / max(seen, 1) for k, a in acc.items()}
 
 
-def _hutchinson(ev: Evaluator, leaves: dict[str, torch.Tensor], probes: int, seed: int) -> dict[str, torch.Tensor]:
-    """Each weight's Hessian-block trace, E[v^T H_ll v] over Rademacher probes v of that layer alone (a probe
-    spanning every layer adds the other blocks' coupling to each estimate's variance), averaged over batches."""
+def _gauss_newton(ev: Evaluator, leaves: dict[str, torch.Tensor], probes: int, seed: int) -> dict[str, torch.Tensor]:
+    """Each weight's Gauss-Newton block trace, E[(J v)^T H_z (J v)] over Rademacher probes v of that layer alone
+    (a probe spanning every layer adds the other blocks' coupling to each estimate's variance), averaged over
+    batches. ``J v`` is the derivative in ``u`` of ``v . (J^T u)`` (double backward, no forward-mode AD)."""
     gen = torch.Generator().manual_seed(seed)
     acc = {k: torch.zeros((), dtype=torch.float64) for k in leaves}
-    for fresh, grads in ev.grads(leaves, create_graph=True):
-        last = len(leaves) * probes - 1
-        for i, (k, w, g) in enumerate(zip(leaves, fresh, grads)):
-            if not g.requires_grad:
-                continue  # the loss does not depend on this weight twice: its block is zero
-            for p in range(probes):
-                v = (torch.randint(0, 2, w.shape, generator=gen) * 2 - 1).to(w.dtype)
-                (hv,) = torch.autograd.grad(g, w, grad_outputs=v, retain_graph=i * probes + p < last,
-                                            allow_unused=True)
-                if hv is not None:
-                    acc[k] += (v * hv.detach()).double().sum()
+    for batch in ev.batches:
+        fresh = {k: w.detach().requires_grad_(True) for k, w in leaves.items()}
+        with torch.enable_grad():
+            out = ev.call(batch, fresh)
+            z = output_tensor(out)
+            (g_z,) = torch.autograd.grad(ev.loss(out, batch), z, create_graph=True, allow_unused=True)
+            if g_z is None or not g_z.requires_grad:
+                raise PassArgsError(f"{PASS}: hessian_trace needs a loss that is a twice differentiable function of "
+                                    "the model output (its logits); use method 'fisher' or 'loss'")
+            u = torch.zeros_like(z, requires_grad=True)
+            for k, w in fresh.items():
+                (jt_u,) = torch.autograd.grad(z, w, grad_outputs=u, create_graph=True, allow_unused=True)
+                if jt_u is None:
+                    continue  # the output does not depend on this weight: its block is zero
+                for _ in range(probes):
+                    v = (torch.randint(0, 2, w.shape, generator=gen) * 2 - 1).to(w.dtype)
+                    (jv,) = torch.autograd.grad(jt_u, u, grad_outputs=v, retain_graph=True)
+                    (h_jv,) = torch.autograd.grad(g_z, z, grad_outputs=jv, retain_graph=True)
+                    acc[k] += (jv * h_jv).double().sum()
     return {k: a / (len(ev.batches) * probes) for k, a in acc.items()}
 
 
@@ -305,7 +324,7 @@ def sensitivity_analysis_pass(graph: ForgeGraph, args: SensitivityArgs) -> tuple
         baseline = ev.mean_loss() if lossy else 0.0
         if not math.isfinite(baseline):
             raise PassArgsError(f"{PASS}: the baseline loss on the calibration batches is {baseline}")
-        deltas = _quant_deltas(ev, args, keys, params, specs)
+        deltas = _quant_deltas(ev, args, keys, params, specs, baseline)
         groups = prune_groups(graph, ev, args, params, baseline, lossy)
     layers = tuple(LayerSensitivity(name, params[key].numel(), tuple(deltas[name])) for name, key in keys.items())
     return graph, SensitivityInfo(method=args.method, baseline_loss=baseline, layers=layers, groups=groups)

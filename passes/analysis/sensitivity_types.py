@@ -18,17 +18,19 @@ from ..select import parse_selector_fields
 
 __all__ = ["METHODS", "GroupSensitivity", "LayerSensitivity", "SensitivityArgs", "SensitivityInfo"]
 
-METHODS = ("fisher", "hessian_trace", "sqnr")
-Method = Literal["fisher", "hessian_trace", "sqnr"]
+METHODS = ("fisher", "hessian_trace", "sqnr", "loss")
+Method = Literal["fisher", "hessian_trace", "sqnr", "loss"]
 
 
 @dataclass(frozen=True)
 class SensitivityArgs:
     """data: calibration batches (mappings of inputs, with ``labels`` where the loss needs them), by reference;
     method: ``fisher`` (empirical Fisher: squared gradients x squared quantization/pruning perturbation),
-    ``hessian_trace`` (Hutchinson estimate of each layer's Hessian trace x mean squared perturbation, HAWQ-V3),
-    ``sqnr`` (signal-to-quantization-noise ratio of each layer's output, loss-free; reported as a loss-like
-    score that grows with the noise); widths / prune_ratios: the candidates measured; format: the fxforge
+    ``hessian_trace`` (Hutchinson estimate of each layer's Gauss-Newton block trace x mean squared perturbation,
+    HAWQ-V3), ``sqnr`` (signal-to-quantization-noise ratio of each layer's output, loss-free; reported as a
+    loss-like score that grows with the noise), ``loss`` (the calibration loss measured with each layer alone
+    quantized, minus the float model's: no estimate, one forward pass over the batches per layer and width);
+    widths / prune_ratios: the candidates measured; format: the fxforge
     quantization format whose ``width`` is varied; targets / exclude: selectors of the layers measured (default
     every Linear; only layers with a weight of two or more dimensions are measured);
     loss_fn: ``(output, batch) -> loss`` (default: the output's ``loss``, else cross-entropy on logits vs
