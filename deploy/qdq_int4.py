@@ -206,7 +206,8 @@ def _upgrade_opset(model: Any) -> None:
     old = entry.version
     if old >= INT4_OPSET:
         return
-    for node in _subgraph_nodes(model.graph.node):
+    bodies = [model.graph.node, *(f.node for f in model.functions)]  # local functions import the same opset
+    for node in (n for body in bodies for n in _subgraph_nodes(body)):
         if node.domain not in ("", "ai.onnx"):
             continue
         try:
@@ -219,7 +220,10 @@ def _upgrade_opset(model: Any) -> None:
             raise DeployError(f"store_int4: node {node.name!r} is a {node.op_type}, whose definition changes "
                               f"between opset {old} and {INT4_OPSET} (the first with INT4 weights): not upgraded; "
                               "quantize the weights to 8 bits instead")
-    entry.version = INT4_OPSET
+    for imports in (model.opset_import, *(f.opset_import for f in model.functions)):
+        for o in imports:
+            if o.domain in ("", "ai.onnx"):
+                o.version = INT4_OPSET
     model.ir_version = max(model.ir_version, _IR_VERSION)
 
 

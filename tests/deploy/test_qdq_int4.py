@@ -33,9 +33,13 @@ def _fixed(weight: int) -> dict[str, Any]:
             "weight_frac_width": "auto"}
 
 
-def _quantized(cfg: dict[str, Any]) -> ForgeGraph:
-    mg = ForgeGraph(make_tiny_bert(), hf_input_names=NAMES).eval()
-    mg, _ = quantize_transform_pass(mg, cfg)
+@pytest.fixture(scope="module")
+def bert() -> ForgeGraph:
+    return ForgeGraph(make_tiny_bert(), hf_input_names=NAMES).eval()
+
+
+def _quantized(bert: ForgeGraph, cfg: dict[str, Any]) -> ForgeGraph:
+    mg, _ = quantize_transform_pass(bert.copy(), cfg)
     batches = [bert_inputs(batch=4, seq=16, labels=False), bert_inputs(batch=2, seq=30, labels=False)]
     mg, _ = calibrate_transform_pass(mg, {"data": batches})
     return mg
@@ -61,8 +65,8 @@ def _optimized_ops(path: Path) -> Counter[str]:
     return Counter(n.op_type for n in onnx.load(path.with_suffix(".opt.onnx")).graph.node)
 
 
-def test_w4a8_bert_stores_int4_weights_and_ort_matches(tmp_path: Path) -> None:
-    mg = _quantized({"by": "type", "default": {"config": {"name": None}}, "linear": {"config": _fixed(4)}})
+def test_w4a8_bert_stores_int4_weights_and_ort_matches(bert: ForgeGraph, tmp_path: Path) -> None:
+    mg = _quantized(bert, {"by": "type", "default": {"config": {"name": None}}, "linear": {"config": _fixed(4)}})
     manifest = export_onnx(mg, tmp_path / "w4a8")
     assert "int4 weights held in ONNX INT4/UINT4 initializers" in manifest.quantization
     _check_passed(manifest)  # ORT in a fresh process, fxforge not importable, two shapes, <= 1 step
@@ -88,14 +92,14 @@ def test_w4a8_bert_stores_int4_weights_and_ort_matches(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow_deploy  # a second export + subprocess check (~10 s); the w4a8 test above is the fast one
-def test_mixed_w4_w8_graph_keeps_integer_matmuls_for_8_bit_layers(tmp_path: Path) -> None:
+def test_mixed_w4_w8_graph_keeps_integer_matmuls_for_8_bit_layers(bert: ForgeGraph, tmp_path: Path) -> None:
     # layer 0's FFN: signed fixed point 4-bit (INT4); layer 1's: asymmetric per-channel 4-bit (UINT4 + zero points)
     uint4 = {"name": "scaled_integer", "data_in_width": 8, "weight_width": 4, "weight_symmetric": False,
              "weight_granularity": "per_channel"}
     cfg = {"by": "regex", r"bert\.encoder\.layer\.0\.(intermediate|output)\.dense": {"config": _fixed(4)},
            r"bert\.encoder\.layer\.1\.(intermediate|output)\.dense": {"config": uint4},
            r".*(query|key|value|dense|classifier)": {"config": _fixed(8)}}
-    mg = _quantized(cfg)
+    mg = _quantized(bert, cfg)
     qg = to_qdq(mg)
     weights = int4_weights(qg.graph.model)
     assert weights == {f"bert.encoder.layer.{i}.{p}.dense.codes": i == 0 for i in (0, 1)
@@ -113,20 +117,20 @@ def test_mixed_w4_w8_graph_keeps_integer_matmuls_for_8_bit_layers(tmp_path: Path
     assert ops["MatMulIntegerToFloat"] == LINEARS - 4, ops  # the 8-bit layers still run as integer MatMuls
 
 
-def test_mxint4_layer_is_still_refused(tmp_path: Path) -> None:
+def test_mxint4_layer_is_still_refused(bert: ForgeGraph, tmp_path: Path) -> None:
     mxint = {"name": "mxint", "data_in_width": 4, "weight_width": 4, "data_in_block_size": 16,
              "weight_block_size": 16}
     cfg = {"by": "regex", r"bert\.encoder\.layer\.1\.intermediate\.dense": {"config": mxint},
            r".*(query|key|value|dense|classifier)": {"config": _fixed(4)}}
     with pytest.raises(DeployError, match=r"bert\.encoder\.layer\.1\.intermediate\.dense.*mxint\(.*width=4"):
-        export_onnx(_quantized(cfg), tmp_path / "mx")
+        export_onnx(_quantized(bert, cfg), tmp_path / "mx")
     assert not (tmp_path / "mx").exists()
 
 
-def test_weight_only_4_bit_layer_keeps_int8_storage_and_says_why() -> None:
+def test_weight_only_4_bit_layer_keeps_int8_storage_and_says_why(bert: ForgeGraph) -> None:
     # the classifier has no input quantizer: ORT at opset 21 would run it as MatMulNBits, requantizing its input
     weight_only = {"name": "integer", "weight_width": 4, "weight_frac_width": "auto"}
-    mg = _quantized({"by": "regex", r"classifier": {"config": weight_only},
+    mg = _quantized(bert, {"by": "regex", r"classifier": {"config": weight_only},
                      r".*(query|key|value|dense)": {"config": _fixed(4)}})
     qg = to_qdq(mg)
     assert "int4 weights held in int8 (not INT4: weight-only or dynamic-input layers) initializers" in qg.description
