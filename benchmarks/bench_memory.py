@@ -1,0 +1,268 @@
+"""Training-step activation memory and time: fxforge's activation checkpointing against the unmodified graph,
+torch.utils.checkpoint on every layer, torch.compile's activation memory budget, and PEFT's LoRA (issue 31).
+
+    .venv/bin/python -m fxforge.benchmarks.bench_memory                 # MiniLM 8x128, GPT T=1024, compile
+    .venv/bin/python -m fxforge.benchmarks.bench_memory --no-compile    # without the ~30 s compiles
+    .venv/bin/python -m fxforge.benchmarks.bench_memory --quick         # tiny models, seconds (the unit test)
+
+What is measured (benchmarks/memory_variants.py): a step is forward + loss + backward in train mode (dropout
+on); every trainable weight's ``.grad`` is allocated and zeroed first. *Peak* is the CPU allocator's highest
+level during one step above its level at the step's start (torch.profiler's per-allocation memory events):
+saved activations, temporaries, workspaces, activation gradients in flight, weight-gradient buffers before
+they are added into ``.grad`` and recomputation count; parameters, their grads and the inputs do not. Step
+times are medians of interleaved rounds (every variant once per round, order rotating), after warm-up.
+The liveness analysis's estimates are printed beside the measured peaks it defines (eval mode, summed outputs:
+passes/analysis/step_memory.py) for the graphs before and after the pass.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import json  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+from fxforge import ForgeGraph, passes  # noqa: E402
+from fxforge.benchmarks.memory_variants import (  # noqa: E402
+    GPTWithLoss,
+    Variant,
+    checkpoint_every_layer,
+    classifier,
+    gpt,
+    loss_step,
+    zero_grads,
+)
+from fxforge.benchmarks.timing import interleaved  # noqa: E402
+from fxforge.passes.analysis.step_memory import allocator_peak  # noqa: E402
+
+TARGETS = {"memory": 0.5, "time": 1.3, "lora_memory": 0.7, "lora_time": 1.2, "estimate": 0.10}
+LORA = {"rank": 8, "alpha": 16.0, "dropout": 0.1, "targets": ["query", "key", "value", "dense"]}
+MB = 2**20
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or 'unknown CPU')."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def checkpoint_pass() -> Callable[..., Any] | None:
+    """fxforge's activation_checkpoint_transform_pass, or None while it does not exist."""
+    try:
+        from fxforge.passes.memory import activation_checkpoint_transform_pass
+    except ImportError:
+        return None
+    return activation_checkpoint_transform_pass
+
+
+def plan_checkpoints(graph: ForgeGraph, inputs: dict[str, torch.Tensor], fraction: float
+                     ) -> tuple[ForgeGraph, Any, float]:
+    """Run the pass at ``fraction`` of the unmodified peak; where no plan reaches it (tiny models), the
+    smallest fraction in steps of 0.05 that one does. Returns the graph, the pass's info and the fraction."""
+    from fxforge.passes.base import PassError
+
+    ckpt = checkpoint_pass()
+    assert ckpt is not None
+    while True:
+        try:
+            out, info = ckpt(graph, {"fraction": fraction, "data": inputs})  # a transform returns a copy
+            return out.train(), info, fraction
+        except PassError:
+            if fraction >= 1.0:
+                raise
+            fraction = round(min(1.0, fraction + 0.05), 2)
+
+
+def capture(model: nn.Module, inputs: dict[str, torch.Tensor]) -> ForgeGraph:
+    """The model captured as fxforge sees it (its own copy), in train mode."""
+    if isinstance(model, GPTWithLoss):
+        return ForgeGraph(model, (inputs["idx"], inputs["targets"]), frontend="fx").train()
+    return ForgeGraph(model, hf_input_names=list(inputs)).train()
+
+
+def measure_peak(v: Variant) -> int:
+    """One warm-up step, then the allocator's peak over one step (module docstring)."""
+    zero_grads(v.modules)
+    v.step()
+    zero_grads(v.modules)
+    return allocator_peak(v.step)[0]
+
+
+def compiled(model: nn.Module, inputs: dict[str, torch.Tensor], budget: float) -> Variant:
+    """torch.compile of the eager model with functorch's activation_memory_budget (min-cut recomputation)."""
+    import torch._functorch.config as functorch_config
+
+    functorch_config.activation_memory_budget = budget  # read when the first call compiles (in measure_peak)
+    eager = copy.deepcopy(model).train()
+    return Variant(f"torch.compile budget {budget:.2f}", loss_step(torch.compile(eager), inputs), [eager])
+
+
+def liveness_lines(graph: ForgeGraph, inputs: dict[str, torch.Tensor], label: str, checks: dict[str, bool],
+                   out: dict[str, Any]) -> None:
+    """The liveness analysis's inference and step estimates against the peaks it measures (item 4)."""
+    g = graph.copy()
+    passes.init_metadata_analysis_pass(g)
+    _, info = passes.liveness_analysis_pass(g, {"measure": True, "data": inputs})
+    rows = {"inference": (info.peak_inference_bytes, info.measured_inference_bytes),
+            "step": (info.peak_step_bytes, info.measured_step_bytes)}
+    out[label] = {k: {"estimate": e, "measured": m} for k, (e, m) in rows.items()}
+    print(f"  liveness estimate/measured, {label}: " + ", ".join(
+        f"{k} {e / MB:.2f}/{(m or 0) / MB:.2f} MB = {e / (m or 1):.3f}" for k, (e, m) in rows.items()))
+    for k, (e, m) in rows.items():
+        checks[f"{label}: liveness {k} estimate within 10% of measured"] = bool(m) and abs(e - m) <= TARGETS[
+            "estimate"] * (m or 0)
+
+
+def run_section(title: str, variants: list[Variant], ref: str, repeats: int, warmup: int,
+                extra: Callable[[dict[str, int]], list[Variant]] | None = None) -> dict[str, Any]:
+    """Peaks (one step each, after warm-up), then interleaved step times; prints the table vs ``ref``. A variant
+    whose step raises is reported and left out (its targets then count as missed)."""
+    peaks: dict[str, int] = {}
+    failed: dict[str, str] = {}
+
+    def measured(v: Variant) -> bool:
+        try:
+            peaks[v.name] = measure_peak(v)
+        except Exception as exc:  # a benchmark reports a broken variant instead of stopping
+            failed[v.name] = f"{type(exc).__name__}: {exc}"
+            return False
+        return True
+
+    variants = [v for v in variants if measured(v)]
+    if extra is not None:
+        variants += [v for v in extra(peaks) if measured(v)]
+    for v in variants:
+        zero_grads(v.modules)
+    timings = interleaved({v.name: v.step for v in variants}, repeats, warmup=warmup)
+    med = timings.medians()
+    print(f"\n{title}\n  {'variant':<40}{'peak MB':>10}{'x ' + ref[:12]:>16}{'step ms':>10}{'x time':>8}")
+    for v in variants:
+        print(f"  {v.name:<40}{peaks[v.name] / MB:>10.2f}{peaks[v.name] / peaks[ref]:>16.3f}"
+              f"{med[v.name] * 1e3:>10.1f}{med[v.name] / med[ref]:>8.3f}")
+    for name, why in failed.items():
+        print(f"  {name:<40}FAILED {why[:200]}")
+    return {"peak_bytes": peaks, "median_ms": {k: t * 1e3 for k, t in med.items()}, "failed": failed}
+
+
+def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, args: argparse.Namespace,
+                checks: dict[str, bool], results: dict[str, Any]) -> None:
+    """Unmodified graph, fxforge's pass, checkpoint on every layer and torch.compile at the same memory."""
+    ckpt = checkpoint_pass()
+    base = capture(model, inputs)
+    variants = [Variant("unmodified graph", loss_step(base, inputs), [base.model])]
+    fx_name = "fxforge checkpoint"
+    ours = None
+    if ckpt is not None:
+        ours, info, fraction = plan_checkpoints(base, inputs, args.fraction)
+        fx_name = f"fxforge checkpoint fraction {fraction}"
+        variants.append(Variant(fx_name, loss_step(ours, inputs), [ours.model]))
+        print(f"  fxforge plan ({label}): {info.segments} segments, planned peak {info.planned_peak_bytes / MB:.1f} "
+              f"of {info.baseline_peak_bytes / MB:.1f} MB, recompute {info.recompute_fraction:.2f} of a forward")
+    per_layer = checkpoint_every_layer(model).train()
+    variants.append(Variant("torch.utils.checkpoint every layer", loss_step(per_layer, inputs), [per_layer]))
+
+    def compile_variant(peaks: dict[str, int]) -> list[Variant]:
+        if args.no_compile:
+            return []
+        target = peaks.get(fx_name, peaks["unmodified graph"] * args.fraction) / peaks["unmodified graph"]
+        return [compiled(model, inputs, round(min(1.0, max(0.05, target)), 2))]
+
+    res = run_section(f"{label}: training step", variants, "unmodified graph", args.repeats, args.warmup,
+                      compile_variant)
+    results[label] = res
+    peak, ms = res["peak_bytes"], res["median_ms"]
+    if ckpt is not None:
+        inf = float("inf")
+        checks[f"{label}: fxforge peak <= {TARGETS['memory']}x unmodified"] = (
+            peak.get(fx_name, inf) <= TARGETS["memory"] * peak["unmodified graph"])
+        checks[f"{label}: fxforge step time <= {TARGETS['time']}x unmodified"] = (
+            ms.get(fx_name, inf) <= TARGETS["time"] * ms["unmodified graph"])
+        for other in [n for n in ms if n.startswith(("torch.utils", "torch.compile"))]:
+            checks[f"{label}: fxforge step time <= {other}'s"] = ms.get(fx_name, inf) <= ms[other]
+    res["liveness"] = {}
+    liveness_lines(base, inputs, "unmodified graph", checks, res["liveness"])
+    if ours is not None and fx_name in peak:
+        liveness_lines(ours, inputs, "after the pass", checks, res["liveness"])
+
+
+def bench_lora(args: argparse.Namespace, checks: dict[str, bool], results: dict[str, Any]) -> None:
+    """PEFT's LoRA against fxforge's LoRA, alone and with the checkpoint pass, on the classifier."""
+    from peft import LoraConfig, get_peft_model
+
+    model, inputs, label = classifier(args.quick)
+    theirs = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"], target_modules=LORA["targets"],
+        modules_to_save=["classifier"])).train()
+    variants = [Variant("PEFT LoRA", loss_step(theirs, inputs), [theirs])]
+    ours, _ = passes.insert_lora_adapter_transform_pass(capture(model, inputs), {
+        "rank": LORA["rank"], "alpha": LORA["alpha"], "dropout": LORA["dropout"],
+        "targets": {"name": LORA["targets"]}, "trainable": {"name": "classifier"}})
+    ours.train()
+    variants.append(Variant("fxforge LoRA", loss_step(ours, inputs), [ours.model]))
+    ckpt = checkpoint_pass()
+    name = "fxforge LoRA + checkpoint"
+    if ckpt is not None:
+        both, _, fraction = plan_checkpoints(ours, inputs, args.lora_fraction)
+        name = f"fxforge LoRA + checkpoint fraction {fraction}"
+        variants.append(Variant(name, loss_step(both, inputs), [both.model]))
+    res = run_section(f"LoRA fine-tuning, {label} (rank {LORA['rank']}, {', '.join(LORA['targets'])} + head)",
+                      variants, "PEFT LoRA", args.repeats, args.warmup)
+    results["lora"] = res
+    if ckpt is not None:
+        peak, ms, inf = res["peak_bytes"], res["median_ms"], float("inf")
+        checks[f"LoRA: fxforge + checkpoint peak <= {TARGETS['lora_memory']}x PEFT's"] = (
+            peak.get(name, inf) <= TARGETS["lora_memory"] * peak["PEFT LoRA"])
+        checks[f"LoRA: fxforge + checkpoint step time <= {TARGETS['lora_time']}x PEFT's"] = (
+            ms.get(name, inf) <= TARGETS["lora_time"] * ms["PEFT LoRA"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny models, 2 rounds, no compile (seconds)")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
+    parser.add_argument("--fraction", type=float, default=0.5, help="fxforge's budget, of the unmodified peak")
+    parser.add_argument("--lora-fraction", type=float, default=0.5, help="the budget with LoRA, of its peak")
+    parser.add_argument("--repeats", type=int, default=0, help="timed rounds (default 10; quick 2)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    args.no_compile = args.no_compile or args.quick
+    args.repeats = args.repeats or (2 if args.quick else 10)
+    args.warmup = 1 if args.quick else 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"CPU: {cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    if checkpoint_pass() is None:
+        print("fxforge pass: not available yet")
+    checks: dict[str, bool] = {}
+    results: dict[str, Any] = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "quick": args.quick}
+    for build in (classifier, gpt):
+        model, inputs, label = build(args.quick)
+        bench_model(model, inputs, label, args, checks, results)
+    bench_lora(args, checks, results)
+    print()
+    for name, ok in checks.items():
+        print(f"{'met   ' if ok else 'MISSED'} {name}")
+    results["checks"] = checks
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0 if checks and all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""The models and training-step variants bench_memory compares: each a zero-argument step plus its modules.
+
+A *step* is forward + loss + backward (the optimizer update is the same for every variant and left out).
+Before anything is measured every trainable weight gets an allocated, zeroed ``.grad`` (a loop that zeroes
+rather than frees grads), so a step's allocator peak counts activations, gradients in flight, temporaries
+and recomputation, never the weights or their grads.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from fxforge.models.gpt import GPT, GPTConfig
+
+__all__ = ["GPTWithLoss", "PerLayerCheckpoint", "Variant", "checkpoint_every_layer", "classifier", "gpt",
+           "loss_step", "zero_grads"]
+
+
+@dataclass
+class Variant:
+    """One row: a name, its step and the module(s) whose trainable weights get grads before measuring."""
+
+    name: str
+    step: Callable[[], Any]
+    modules: list[nn.Module]
+
+
+class GPTWithLoss(nn.Module):
+    """The GPT and its next-token loss (models.gpt.lm_loss) as one module, so a captured graph holds the
+    loss (and its saved log-softmax) like the HF classifier's graph does."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model(idx)  # lm_loss without its shape check, which fx cannot trace
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class PerLayerCheckpoint(nn.Module):
+    """``torch.utils.checkpoint`` around one layer, by hand (non-reentrant, RNG state preserved)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return checkpoint(self.inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+
+def checkpoint_every_layer(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every encoder layer (HF BERT) or GPT block wrapped in PerLayerCheckpoint."""
+    model = copy.deepcopy(model)
+    layers: nn.ModuleList = (model.model.blocks if isinstance(model, GPTWithLoss)
+                             else model.get_submodule("bert.encoder.layer"))
+    for i, layer in enumerate(layers):
+        layers[i] = PerLayerCheckpoint(layer)
+    return model
+
+
+def classifier(quick: bool) -> tuple[nn.Module, dict[str, torch.Tensor], str]:
+    """The MiniLM classifier with a batch of 8 x 128 (quick: a tiny random BERT at 2 x 16), in train mode."""
+    from fxforge.models.bert import minilm_for_sequence_classification, tiny_bert
+
+    gen = torch.Generator().manual_seed(0)
+    if quick:
+        model: nn.Module = tiny_bert(num_labels=2, vocab_size=100, num_attention_heads=4, max_position_embeddings=64)
+        batch, seq, lo, hi, name = 2, 16, 0, 100, "tiny BERT classifier"
+    else:
+        model = minilm_for_sequence_classification(num_labels=2, seed=0)
+        batch, seq, lo, hi, name = 8, 128, 1000, 30000, "MiniLM-L6 classifier"
+    inputs = {"input_ids": torch.randint(lo, hi, (batch, seq), generator=gen),
+              "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+              "labels": torch.randint(0, 2, (batch,), generator=gen)}
+    return model.train(), inputs, f"{name} {batch}x{seq}"
+
+
+def gpt(quick: bool) -> tuple[GPTWithLoss, dict[str, torch.Tensor], str]:
+    """fxforge's zoo GPT (models/gpt.py, GPTConfig's default 4 layers x 128 wide, vocab 256) at T = 1024,
+    batch 4, with its loss (quick: 2 layers x 32 wide at T = 32, batch 2)."""
+    torch.manual_seed(0)
+    if quick:
+        cfg = GPTConfig(vocab_size=64, sequence_length=32, n_layer=2, n_head=2, n_embd=32)
+        batch = 2
+    else:
+        cfg = GPTConfig(vocab_size=256, sequence_length=1024)
+        batch = 4
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.sequence_length + 1), generator=gen)
+    inputs = {"idx": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
+    name = f"GPT {cfg.n_layer}x{cfg.n_embd} T={cfg.sequence_length} batch {batch}"
+    return GPTWithLoss(GPT(cfg)).train(), inputs, name
+
+
+def _loss(out: Any) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out.loss
+
+
+def loss_step(model: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> Callable[[], None]:
+    """forward + loss + backward of ``model(**inputs)`` (a loss tensor or an HF output with ``.loss``)."""
+
+    def step() -> None:
+        _loss(model(**inputs)).backward()
+
+    return step
+
+
+
+def zero_grads(modules: list[nn.Module]) -> None:
+    """Allocate (or zero in place) the grad of every trainable weight, so steps accumulate into held grads."""
+    for module in modules:
+        for p in module.parameters():
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                else:
+                    p.grad.zero_()

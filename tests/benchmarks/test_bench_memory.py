@@ -1,0 +1,42 @@
+"""bench_memory --quick end to end on tiny models: what it prints and writes is what it measured (peaks from the
+allocator, step times, liveness estimates), fxforge's checkpointing really lowers the measured peak, and its
+met/MISSED lines and exit code follow from those numbers. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+
+def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fxforge.benchmarks.bench_memory import main
+
+    code = main(["--quick", "--json", str(tmp_path / "r.json")])
+    text = capsys.readouterr().out
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert text.startswith("CPU: ") and "threads" in text.splitlines()[0] and res["quick"]
+    assert "fxforge pass: not available yet" not in text
+    sections = [k for k in res if k not in ("cpu", "threads", "quick", "checks", "lora")]
+    assert len(sections) == 2 and all(("BERT" in k) != ("GPT" in k) for k in sections)
+    for label in sections:
+        peaks, ms = res[label]["peak_bytes"], res[label]["median_ms"]
+        ours = next(k for k in peaks if k.startswith("fxforge checkpoint fraction"))
+        assert set(peaks) == set(ms) == {"unmodified graph", ours, "torch.utils.checkpoint every layer"}
+        assert 0 < peaks[ours] < peaks["unmodified graph"]  # recomputation really frees memory
+        assert peaks["torch.utils.checkpoint every layer"] < peaks["unmodified graph"]
+        ratio = peaks[ours] / peaks["unmodified graph"]
+        assert re.search(rf"^  {re.escape(ours)} +{peaks[ours] / 2**20:.2f} +{ratio:.3f} ", text, re.M)
+        live = res[label]["liveness"]
+        assert set(live) == {"unmodified graph", "after the pass"}
+        for row in live.values():
+            assert all(v["estimate"] > 0 and v["measured"] > 0 for v in row.values())
+    lora = res["lora"]
+    assert {"PEFT LoRA", "fxforge LoRA"} <= set(lora["peak_bytes"]) | set(lora["failed"])
+    for name, why in lora["failed"].items():  # a broken variant is reported, not hidden
+        assert f"{name}" in text and "FAILED" in text and why[:40] in text
+    checks = res["checks"]
+    assert len(re.findall(r"^(met   |MISSED) ", text, re.M)) == len(checks) >= 12
+    assert code == (0 if all(checks.values()) else 1)
