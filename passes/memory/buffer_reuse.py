@@ -181,7 +181,7 @@ def _op_name(target: Any) -> str:
 def _try_in_place(node: fx.Node, options: tuple[InPlace, ...], st: _Storages, reach: StoredReach,
                   values: dict[fx.Node, Any]) -> tuple[InPlace | None, list[str]]:
     """The first option whose operand may be overwritten, and why the others may not."""
-    reasons = []
+    reasons: list[str] = []
     for opt in options:
         x = opt.operand
         others = [values.get(o) if isinstance(o, fx.Node) else o for o in opt.others]
@@ -246,7 +246,7 @@ def buffer_reuse_transform_pass(graph: ForgeGraph, args: BufferReuseArgs) -> tup
     with GraphRewrite(gm) as rw:
         for node in list(gm.graph.nodes):
             match: Match | None = match_node(node, gm) if node.op.startswith("call") else None
-            if match is not None and node.users:
+            if match is not None and node.users and isinstance(run.values.get(node), torch.Tensor):
                 _rewrite(node, match, args, st, reach, run.values, rw, rewrites, refused)
             try:
                 reach.add(node)

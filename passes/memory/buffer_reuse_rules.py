@@ -99,7 +99,7 @@ def _aten(node: fx.Node) -> Match | None:
             return Match(options=(InPlace(x, (), "call_function", _ATEN_UNARY[target], (x,), dict(node.kwargs)),))
     if target in _ATEN_BINARY and len(node.args) == 2 and set(node.kwargs) <= {"alpha"}:
         op = _ATEN_BINARY[target]
-        name = target._schema.name.split("::")[1]  # type: ignore[union-attr]
+        name = target._schema.name.split("::")[1]
         return _binary(*node.args, name in _COMMUTATIVE, node.kwargs.get("alpha"),
                        lambda x, y, kw: InPlace(x, (y,), "call_function", op, (x, y), kw))
     if target in _ATEN_PRODUCTS and len(node.args) == 2 and not node.kwargs:

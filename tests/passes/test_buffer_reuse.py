@@ -160,7 +160,9 @@ class _Chain(nn.Module):
 def test_later_reader_broadcast_promotion_and_integers_are_refused_by_name() -> None:
     x = torch.randn(4, 8)
     mg = ForgeGraph(_Chain().eval(), (x,))
-    new, info = buffer_reuse_transform_pass(mg)
+    new, info = buffer_reuse_transform_pass(mg, {"measure": True})
+    assert info.measured_before_bytes is not None and info.measured_after_bytes is not None
+    assert info.measured_before_bytes > 0 and info.measured_after_bytes > 0
     reasons = {r.node: r.reason for r in info.refused}
     done = {r.node: r for r in info.rewrites}
     assert "'fc' is read later by 'add'" in reasons["relu"]
