@@ -24,6 +24,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
@@ -93,9 +94,12 @@ def _checkpoint_segment(gm: fx.GraphModule, rw: GraphRewrite, seg: list[fx.Node]
                 children[local[path]] = gm.get_submodule(path)
             new.target = local[path]
         env[node] = new
-    graph.output(tuple(env[n] for n in outputs))
+    graph.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[n] for n in outputs))
     region = CheckpointRegion(graph, children, len(inputs))
     call = rw.call_module(f"activation_checkpoint_{k}", region, tuple(inputs), after=seg[-1])
+    if len(outputs) == 1:  # one value, not a 1-tuple (metadata records a 1-tuple as its element)
+        rw.redirect_users(outputs[0], call, keep=members.__contains__)
+        outputs = []
     last = call
     for i, out in enumerate(outputs):
         last = rw.call_function(operator.getitem, (call, i), after=last)
@@ -114,7 +118,12 @@ def activation_checkpoint_transform_pass(graph: ForgeGraph, args: ActivationChec
     example = graph.example_inputs if args.data is None else ExampleInputs.coerce(args.data)
     if example is None:
         raise PassArgsError(f"{_NAME}: no inputs: capture with example_inputs or pass {{'data': ...}}")
-    costs = graph_costs(gm, flat_inputs(gm, example))
+    flat = flat_inputs(gm, example)
+    if not any(t.requires_grad for t in (*gm.parameters(), *(v for v in flat if isinstance(v, torch.Tensor)))):
+        raise PassError(f"{_NAME}: nothing in the graph requires grad (every parameter is frozen), so a training "
+                        "step saves no activation to recompute; make the layers to train trainable first "
+                        "(unfreeze_transform_pass, or insert_lora_adapter_transform_pass)")
+    costs = graph_costs(gm, flat)
     budget = int(args.budget_mb * MB) if args.budget_mb is not None else int(args.fraction * costs.baseline_peak)
     plan, smallest = plan_checkpoints(costs, budget)
     if plan is None:

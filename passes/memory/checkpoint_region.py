@@ -26,7 +26,7 @@ __all__ = ["CheckpointRegion"]
 
 
 class CheckpointRegion(nn.Module):
-    """Runs ``graph`` (``inputs`` placeholders; output: a tuple) under non-reentrant checkpointing."""
+    """Runs ``graph`` (``inputs`` placeholders; output: one value or a tuple) under non-reentrant checkpointing."""
 
     recomputed_in_backward = True  # the "activation-checkpointed" graph property (passes/contract.py)
 

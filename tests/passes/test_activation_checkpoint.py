@@ -108,6 +108,11 @@ def test_impossible_budget_is_refused_with_the_reachable_minimum(bert: ForgeGrap
     for bad in ({}, {"budget_mb": 1.0, "fraction": 0.5}, {"fraction": 1.5}):
         with pytest.raises(PassArgsError):
             activation_checkpoint_transform_pass(mg, bad)
+    frozen = mg.copy()
+    for p in frozen.model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(PassError, match="nothing in the graph requires grad"):
+        activation_checkpoint_transform_pass(frozen, {"fraction": 0.75})
 
 
 def test_a_budget_above_the_baseline_changes_nothing(bert: ForgeGraph) -> None:
