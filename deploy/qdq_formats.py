@@ -1,13 +1,14 @@
 """What ONNX QuantizeLinear/DequantizeLinear can express of fxforge's number formats, and the QDQ modules.
 
-ONNX (opset 18, the one onnxscript's torch_lib emits QDQ at) computes ``y = saturate(round_half_even(x / s) + z)``
-into int8/uint8 and ``(y - z) * s`` back. fxforge's ``integer`` (fixed point: ``round(x * 2^f)`` clamped to the
-signed width-bit range, half to even, then ``/ 2^f``) is that with ``s = 2^-f`` exactly (a power of two: the
-product and the quotient are the same float); ``scaled_integer`` is ``clamp(round(x / s) + z, qmin, qmax)``, the
-same formula. Where fxforge's range is narrower than the 8-bit type (symmetric scaled integers use
-``[-127, 127]``; widths below 8) a float clamp to ``[(qmin - z) s, (qmax - z) s]`` goes before QuantizeLinear:
-torch_lib drops ``quant_min``/``quant_max`` (QuantizeLinear saturates to the type's range), and clamping the
-float first gives exactly the same codes (division is monotone). Anything else is refused (:class:`DeployError`).
+ONNX QDQ (as torch.onnx's exporter writes it, opset <= 20; 21 where qdq_int4.py stores <= 4-bit weights as INT4)
+computes ``y = saturate(round_half_even(x / s) + z)`` into int8/uint8 and ``(y - z) * s`` back. fxforge's
+``integer`` (fixed point: ``round(x * 2^f)`` clamped to the signed width-bit range, half to even, then ``/ 2^f``)
+is that with ``s = 2^-f`` exactly (a power of two: the product and the quotient are the same float);
+``scaled_integer`` is ``clamp(round(x / s) + z, qmin, qmax)``, the same formula. Where fxforge's range is narrower
+than the 8-bit type (symmetric scaled integers use ``[-127, 127]``; widths below 8) a float clamp to
+``[(qmin - z) s, (qmax - z) s]`` goes before QuantizeLinear: torch_lib drops ``quant_min``/``quant_max``
+(QuantizeLinear saturates to the type's range), and clamping the float first gives exactly the same codes
+(division is monotone). Anything else is refused (:class:`DeployError`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ _QD = torch.ops.quantized_decomposed
 INTEGER_FORMATS = ("integer", "scaled_integer")
 _WHY = {
     "minifloat": "its values are not an integer grid with one scale (sign/exponent/mantissa)",
-    "block_fp": "a shared exponent per block is computed from the data; ONNX QDQ (opset 18) has one scale per "
-                "tensor or per channel",
-    "mxint": "an E8M0 scale per block is computed from the data; ONNX QDQ (opset 18) has one scale per tensor "
-             "or per channel",
-    "mxfp": "an E8M0 scale per block and minifloat elements; ONNX QDQ (opset 18) has integer elements and one "
+    "block_fp": "a shared exponent per block is computed from the data; fxforge's QDQ export has one static scale "
+                "per tensor or per channel",
+    "mxint": "an E8M0 scale per block is computed from the data; fxforge's QDQ export has one static scale per "
+             "tensor or per channel",
+    "mxfp": "an E8M0 scale per block and minifloat elements; fxforge's QDQ export has integer elements and one "
             "scale per tensor or per channel",
 }
 
@@ -54,7 +55,8 @@ def check_integer(where: str, q: Quantize, max_width: int | None = 8) -> None:
     if name not in INTEGER_FORMATS:
         raise _refuse(where, q, _WHY.get(name, f"format {name!r} has no QDQ form"))
     if max_width is not None and q.params["width"] > max_width:
-        raise _refuse(where, q, "ONNX QDQ at opset 18 holds 8-bit integers (int8/uint8)")
+        raise _refuse(where, q, "fxforge's QDQ export holds at most 8-bit integers (int8/uint8; INT4/UINT4 "
+                                "for <= 4 bits)")
 
 
 def _range(q: Quantize) -> tuple[int, int, torch.dtype]:
