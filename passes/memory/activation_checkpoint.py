@@ -124,7 +124,8 @@ def activation_checkpoint_transform_pass(graph: ForgeGraph, args: ActivationChec
                         "step saves no activation to recompute; make the layers to train trainable first "
                         "(unfreeze_transform_pass, or insert_lora_adapter_transform_pass)")
     costs = graph_costs(gm, flat)
-    budget = int(args.budget_mb * MB) if args.budget_mb is not None else int(args.fraction * costs.baseline_peak)
+    share = args.fraction if args.fraction is not None else 1.0
+    budget = int(args.budget_mb * MB) if args.budget_mb is not None else int(share * costs.baseline_peak)
     plan, smallest = plan_checkpoints(costs, budget)
     if plan is None:
         raise PassError(f"{_NAME}: a budget of {budget / MB:.4f} MB is below the smallest peak any plan reaches, "

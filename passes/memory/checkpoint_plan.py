@@ -213,8 +213,9 @@ def plan_checkpoints(c: GraphCosts, budget: int | None) -> tuple[Plan | None, in
     """The cheapest plan whose peak is within ``budget`` bytes (None if none is), and the smallest peak reached."""
     sizes = sorted({inside for span in c.spans for _, inside, _, _ in span if inside > 0})
     if len(sizes) > 12:  # caps spread evenly in log-space over the segment sizes that occur
-        lo, hi = math.log(sizes[0]), math.log(sizes[-1])
-        sizes = sorted({min(sizes, key=lambda s, t=lo + (hi - lo) * k / 11: abs(math.log(s) - t)) for k in range(12)})
+        logs = [math.log(s) for s in sizes]
+        targets = [logs[0] + (logs[-1] - logs[0]) * k / 11 for k in range(12)]
+        sizes = sorted({sizes[min(range(len(sizes)), key=lambda i: abs(logs[i] - t))] for t in targets})
     unit = max(sum(c.saved), 1) / max(c.forward_cost, 1e-12)
     plans = [Plan((), c.baseline_peak, 0.0)]
     for cap in sizes:

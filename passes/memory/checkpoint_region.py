@@ -11,7 +11,7 @@ unused-module clean-up (passes/rewrite.delete_unused_submodules) keeps the alias
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -100,7 +100,8 @@ def _from_config(config: dict[str, Any]) -> CheckpointRegion:
         if type(children[name]) is not spec.cls:
             raise targets.CheckpointError(f"CheckpointRegion child {name!r}: {spec.name} built another class")
     region = CheckpointRegion(fx.Graph(), children, inputs)
-    region._graph = _build_graph(region, {"nodes": config["nodes"], "codegen": config["codegen"]},
+    # _build_graph resolves call targets through get_submodule only, which any nn.Module has
+    region._graph = _build_graph(cast(fx.GraphModule, region), {"nodes": config["nodes"], "codegen": config["codegen"]},
                                  CHECKPOINT_SCHEMA_VERSION)
     return region
 

@@ -128,14 +128,13 @@ def test_checkpoint_round_trip(bert: ForgeGraph, bert_checkpointed: tuple[ForgeG
     back = ForgeGraph.from_checkpoint(out.export(tmp_path / "ckpt"))
     assert len(checkpoint_regions(back.model)) == info.segments
     assert dict(back.model.named_parameters()).keys() == dict(mg.model.named_parameters()).keys()
-    for train in (True, False):
-        out.model.train(train)
-        back.model.train(train)
-        for inputs in shapes:
-            ref_out, ref_grad = _step(out, inputs, seed=3)
-            new_out, new_grad = _step(back, inputs, seed=3)
-            assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True))
-            assert all(torch.equal(ref_grad[k], new_grad[k]) for k in ref_grad)
+    out.model.train()
+    back.model.train()
+    for inputs in shapes:  # train mode: the checkpointed path, dropout on
+        ref_out, ref_grad = _step(out, inputs, seed=3)
+        new_out, new_grad = _step(back, inputs, seed=3)
+        assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True))
+        assert all(torch.equal(ref_grad[k], new_grad[k]) for k in ref_grad)
 
 
 def test_metadata_after_the_pass_equals_a_fresh_run(bert_checkpointed: tuple[ForgeGraph, Any]) -> None:
