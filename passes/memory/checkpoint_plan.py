@@ -88,14 +88,16 @@ class _CostRunner(_Runner):
 
 
 def _mutates(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """Whether a node may write a tensor in place (recomputing it would write again): never in a segment."""
+    """Whether a node may write a tensor in place or update module state (recomputing it would do it again):
+    such a node is never in a segment."""
     target = node.target
     if node.kwargs.get("inplace") is True:
         return True
     if node.op == "call_method":
         return str(target).endswith("_") and not str(target).startswith("_")
-    if node.op == "call_module":
-        return getattr(gm.get_submodule(str(target)), "inplace", False) is True
+    if node.op == "call_module":  # an in-place activation, or running statistics updated by each call
+        module = gm.get_submodule(str(target))
+        return getattr(module, "inplace", False) is True or getattr(module, "track_running_stats", False) is True
     if isinstance(target, torch._ops.OpOverload):
         return any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
     name = getattr(target, "__name__", "")
@@ -118,6 +120,7 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
     mode = FlopCounterMode(display=False)
     runner = _CostRunner(gm, mode)
     was_training = gm.training
+    buffers = [(b, b.clone()) for b in gm.buffers()]  # a training-mode run may update running statistics
     gm.train()
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), mode, \
@@ -125,6 +128,9 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
             runner.run(*flat)
     finally:
         gm.train(was_training)
+        with torch.no_grad():
+            for b, before in buffers:
+                b.copy_(before)
     nodes = tuple(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     held = {t.untyped_storage().data_ptr() for t in (*gm.parameters(), *gm.buffers(),

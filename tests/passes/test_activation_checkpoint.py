@@ -158,3 +158,21 @@ def test_budget_is_met_on_the_measured_peak(bert: ForgeGraph) -> None:
     assert before > info.budget_bytes + slack, (before, info)
     print(f"measured peak {before / MB:.2f} MB -> {after / MB:.2f} MB; estimated {info.baseline_peak_bytes / MB:.2f}"
           f" -> {info.planned_peak_bytes / MB:.2f} MB; budget {info.budget_bytes / MB:.2f} MB")
+
+
+def test_batch_norm_stays_out_of_segments() -> None:
+    """Recomputing a BatchNorm in training mode would update its running statistics twice: it is never put in a
+    segment, and planning (a training-mode run) leaves the statistics as they were."""
+    torch.manual_seed(0)
+    layers = [m for _ in range(8) for m in (torch.nn.Linear(64, 64), torch.nn.Tanh())]
+    net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.BatchNorm1d(64), *layers, torch.nn.Linear(64, 4))
+    x = torch.randn(16, 8)
+    mg = ForgeGraph(net, (x,), frontend="fx").train()
+    stats = mg.model.get_submodule("1").running_mean.clone()
+    out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.8})
+    assert torch.equal(out.model.get_submodule("1").running_mean, stats)
+    assert info.segments >= 1
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for r in checkpoint_regions(out.model) for m in r.modules())
+    _step(mg, {"input": x}, seed=0)
+    _step(out, {"input": x}, seed=0)
+    assert torch.equal(out.model.get_submodule("1").running_mean, mg.model.get_submodule("1").running_mean)
