@@ -2,7 +2,7 @@
 
 Per quantizable layer (every Linear by default) and candidate width, the weight is quantized exactly as
 ``quantize_transform_pass`` would quantize it (the same :class:`Quantize` module, role ``weight``, per
-output row), giving a perturbation ``dW``; the loss increase is then estimated on calibration batches:
+output row), giving a perturbation ``dW``; the loss increase is then estimated (or measured) on calibration batches:
 
 * ``fisher``: ``0.5 * sum(F * dW^2)`` with ``F`` the empirical Fisher diagonal (squared per-sample gradients,
   averaged over the calibration samples): the second-order Taylor term with the Fisher for the Hessian.
@@ -19,6 +19,16 @@ output row), giving a perturbation ``dW``; the loss increase is then estimated o
   no estimate (HAQ's direct measurement), one pass over the batches per layer and width; cheap on small
   models and the reference the estimates approximate. It can be negative (a quantized layer that happens to
   fit the calibration batches better).
+
+How well each ranks layers (tests/passes/test_sensitivity_ranking.py: a tiny BERT trained on scikit-learn's
+digits, each of its 14 Linears alone quantized to 2 bits, accuracy drops measured on 7,173 held-out samples):
+Spearman ``loss`` 0.86, ``sqnr`` 0.82, ``hessian_trace`` 0.67-0.69 over three probe seeds (the full Hessian
+block's trace, replaced for its sign, 0.71-0.74 there at twice the time), ``fisher`` 0.63, alike at 1 and 2
+threads; trained from another seed: ``loss`` 0.94, ``sqnr`` 0.68, ``hessian_trace`` 0.59, ``fisher`` 0.69.
+The two estimates are second-order terms about a minimum with the curvature cut down to its diagonal
+(``fisher``: weights independent) or its trace (``hessian_trace``: an isotropic block), assumptions a 2-bit
+per-row grid, whose rounding errors are large and correlated along a row, is far from. Where one pass over
+the calibration batches per layer and width is affordable (small models, few widths), rank by ``loss``.
 
 Prune groups (attention heads, FFN units) are scored in passes/analysis/sensitivity_prune.py. Nothing is
 written into the graph: perturbed weights are passed to ``torch.func.functional_call`` beside the module,
