@@ -14,7 +14,8 @@ internal saved tensors come back one segment at a time during backward. So
 where transient = 2 x the largest activation (a gradient in flight beside its input). For a cap L on the
 largest segment and a price lambda per unit of recompute cost, a dynamic program over the topological order
 (f[i] = min over "keep node i" / "segment j..i" of kept bytes + lambda * recomputed cost) finds the best
-segmentation; sweeping L and lambda gives a set of plans, and the cheapest whose peak fits the budget wins.
+segmentation; sweeping L and lambda (a grid, then bisection of lambda at the budget's edge for each L) gives a
+set of plans, and the cheapest whose peak fits the budget wins.
 The smallest peak over the sweep (lambda -> 0) is the smallest reachable figure.
 """
 
@@ -119,7 +120,7 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
     """Run ``gm`` once in training mode with grad (RNG state restored after) and derive the planner's costs."""
     mode = FlopCounterMode(display=False)
     runner = _CostRunner(gm, mode)
-    was_training = gm.training
+    modes = [(m, m.training) for m in gm.modules()]
     buffers = [(b, b.clone()) for b in gm.buffers()]  # a training-mode run may update running statistics
     gm.train()
     try:
@@ -127,10 +128,12 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
                 torch.autograd.graph.saved_tensors_hooks(runner.pack, lambda t: t):
             runner.run(*flat)
     finally:
-        gm.train(was_training)
+        for m, training in modes:
+            m.training = training
         with torch.no_grad():
             for b, before in buffers:
-                b.copy_(before)
+                if not torch.equal(b, before):  # untouched buffers keep their version counter
+                    b.copy_(before)
     nodes = tuple(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     held = {t.untyped_storage().data_ptr() for t in (*gm.parameters(), *gm.buffers(),
@@ -224,9 +227,17 @@ def plan_checkpoints(c: GraphCosts, budget: int | None) -> tuple[Plan | None, in
         sizes = sorted({sizes[min(range(len(sizes)), key=lambda i: abs(logs[i] - t))] for t in targets})
     unit = max(sum(c.saved), 1) / max(c.forward_cost, 1e-12)
     plans = [Plan((), c.baseline_peak, 0.0)]
+    prices = [unit * 10.0 ** (k / 2 - 3.5) for k in range(10)]
     for cap in sizes:
-        for k in range(10):
-            plans.append(_solve(c, cap, unit * 10.0 ** (k / 2 - 3.5)))
+        found = [_solve(c, cap, lam) for lam in prices]
+        plans.extend(found)
+        fit = [k for k, p in enumerate(found) if budget is not None and p.peak <= budget]
+        if fit and fit[-1] + 1 < len(prices):  # bisect the price between the last plan that fits and the next
+            lo, hi = math.log(prices[fit[-1]]), math.log(prices[fit[-1] + 1])
+            for _ in range(5):
+                plan = _solve(c, cap, math.exp((lo + hi) / 2))
+                plans.append(plan)
+                lo, hi = ((lo + hi) / 2, hi) if plan.peak <= (budget or 0) else (lo, (lo + hi) / 2)
     smallest = min(p.peak for p in plans)
     fits = [p for p in plans if budget is not None and p.peak <= budget]
     return (min(fits, key=lambda p: (p.cost, p.peak)) if fits else None), smallest
