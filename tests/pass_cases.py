@@ -75,7 +75,7 @@ CASES: dict[str, PassCase] = {
     "fuse_kernels_transform_pass": PassCase(_none, _SHAPES),
     "afno_real_arithmetic_transform_pass": PassCase(_none, _SHAPES),
     "mask_free_activations_transform_pass": PassCase(_none),
-    "activation_checkpoint_transform_pass": PassCase(lambda d: {"fraction": 0.75}),
+    "activation_checkpoint_transform_pass": PassCase(lambda d: {"fraction": 0.9}),
 }
 
 

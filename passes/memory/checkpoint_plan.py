@@ -5,10 +5,10 @@ what autograd saves per node, by storage, and each node's result storages), plus
 run; a node's forward time is its ProfileRecord latency when the profile pass ran, else FLOPs + 4 x result
 bytes (a memory-bound op costs time too).
 
-Memory model (Chen et al., "sublinear memory"): a checkpointed segment keeps only its boundary inputs; its
-internal saved tensors come back one segment at a time during backward. So
+Memory model (Chen et al., "sublinear memory"): a checkpointed segment keeps only its boundary inputs (and the
+CPU RNG state); its internal saved tensors come back one segment at a time during backward. So
 
-    peak = sum(saved bytes of nodes outside segments) + sum(boundary input bytes of segments)
+    peak = sum(saved bytes of nodes outside segments) + sum(boundary input + RNG state bytes of segments)
            + max(saved bytes inside one segment) + transient
 
 where transient = 2 x the largest activation (a gradient in flight beside its input). For a cap L on the
@@ -156,6 +156,7 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
         source = "flops + 4 x result bytes"
     transient = 2 * max((sum(p.values()) for p in produced), default=0)
     inputs = [sorted({index[a] for a in n.all_input_nodes}) for n in nodes]
+    rng = torch.get_rng_state().nbytes  # each region keeps the CPU RNG state to replay dropout (~5 KB)
     spans: list[tuple[tuple[int, int, int, float], ...]] = []
     for i in range(len(nodes)):
         out: list[tuple[int, int, int, float]] = []
@@ -185,7 +186,7 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
                                 refs[p] = refs.get(p, 0) + 1
                                 if refs[p] == 1:
                                     in_bytes += s
-                    out.append((j, inside, in_bytes, work))
+                    out.append((j, inside, in_bytes + rng, work))
         spans.append(tuple(out))
     return GraphCosts(nodes, segmentable, tuple(saved), cost, transient, tuple(spans), source)
 

@@ -47,7 +47,8 @@ def _gpt(mixer: str) -> Callable[[], tuple[ForgeGraph, list[dict[str, torch.Tens
 
 def _agru() -> tuple[ForgeGraph, list[dict[str, torch.Tensor]]]:
     gen = torch.Generator().manual_seed(5)
-    xs = [torch.randn(2, 5, 8, generator=gen), torch.randn(3, 5, 8, generator=gen)]
+    xs = [torch.randn(32, 5, 8, generator=gen), torch.randn(48, 5, 8, generator=gen)]  # a region's ~5 KB RNG state
+    # must be worth less than what it drops
     return ForgeGraph(make_agru(), example_inputs=(xs[0],)), [{"x": x} for x in xs]
 
 
@@ -71,7 +72,7 @@ def test_outputs_and_gradients_are_bitwise_equal(model: str, request: pytest.Fix
         out, info = request.getfixturevalue("bert_checkpointed")
     else:
         mg, shapes = MODELS[model]()
-        out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.75})
+        out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.8})
     assert info.segments == len(checkpoint_regions(out.model)) >= 1, info
     assert info.planned_peak_bytes <= info.budget_bytes < info.baseline_peak_bytes
     assert 0 < info.recompute_fraction <= 1.0 + 1e-9
@@ -166,7 +167,7 @@ def test_batch_norm_stays_out_of_segments() -> None:
     torch.manual_seed(0)
     layers = [m for _ in range(8) for m in (torch.nn.Linear(64, 64), torch.nn.Tanh())]
     net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.BatchNorm1d(64), *layers, torch.nn.Linear(64, 4))
-    x = torch.randn(16, 8)
+    x = torch.randn(128, 8)
     mg = ForgeGraph(net, (x,), frontend="fx").train()
     stats = mg.model.get_submodule("1").running_mean.clone()
     out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.8})

@@ -59,7 +59,7 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "fuse_elementwise": ("fuse_elementwise_transform_pass", {}, [], None),
     "fold_constants": ("fold_constants_transform_pass", {}, [], None),
     "fuse_kernels": ("fuse_kernels_transform_pass", {}, [], None),
-    "activation_checkpoint": ("activation_checkpoint_transform_pass", {"fraction": 0.75}, [], None),
+    "activation_checkpoint": ("activation_checkpoint_transform_pass", {"fraction": 0.9}, [], None),
     "buffer_reuse": ("buffer_reuse_transform_pass", {}, [], None),
 }
 # transforms with nothing to rewrite in BERT (no complex products, no ReLU / softshrink): run on the AFNO GPT,
