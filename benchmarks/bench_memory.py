@@ -46,7 +46,8 @@ from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.passes.analysis.step_memory import allocator_peak  # noqa: E402
 
 TARGETS = {"memory": 0.5, "time": 1.3, "lora_memory": 0.7, "lora_time": 1.2, "estimate": 0.10}
-LORA = {"rank": 8, "alpha": 16.0, "dropout": 0.1, "targets": ["query", "key", "value", "dense"]}
+LORA_RANK, LORA_ALPHA, LORA_DROPOUT = 8, 16, 0.1
+LORA_TARGETS = ["query", "key", "value", "dense"]
 MB = 2**20
 
 
@@ -160,7 +161,7 @@ def run_section(title: str, variants: list[Variant], ref: str, repeats: int, war
 
 
 def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, args: argparse.Namespace,
-                checks: dict[str, bool], results: dict[str, Any]) -> None:
+                checks: dict[str, bool], results: dict[str, Any]) -> ForgeGraph:
     """Unmodified graph, fxforge's pass, checkpoint on every layer and torch.compile at the same memory."""
     ckpt = checkpoint_pass()
     base = capture(model, inputs)
@@ -198,20 +199,23 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
     liveness_lines(base, inputs, label, "unmodified graph", checks, res["liveness"])
     if ours is not None and fx_name in peak:
         liveness_lines(ours, inputs, label, "after the pass", checks, res["liveness"])
+    return base
 
 
-def bench_lora(args: argparse.Namespace, checks: dict[str, bool], results: dict[str, Any]) -> None:
-    """PEFT's LoRA against fxforge's LoRA, alone and with the checkpoint pass, on the classifier."""
+def bench_lora(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, graph: ForgeGraph,
+               args: argparse.Namespace, checks: dict[str, bool], results: dict[str, Any]) -> None:
+    """PEFT's LoRA against fxforge's LoRA (on ``graph``, the classifier's capture), alone and with the pass."""
     from peft import LoraConfig, get_peft_model
 
-    model, inputs, label = classifier(args.quick)
     theirs = get_peft_model(copy.deepcopy(model), LoraConfig(
-        r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"], target_modules=LORA["targets"],
+        r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT, target_modules=LORA_TARGETS,
         modules_to_save=["classifier"])).train()
     variants = [Variant("PEFT LoRA", loss_step(theirs, inputs), [theirs])]
-    ours, _ = passes.insert_lora_adapter_transform_pass(capture(model, inputs), {
-        "rank": LORA["rank"], "alpha": LORA["alpha"], "dropout": LORA["dropout"],
-        "targets": {"name": LORA["targets"]}, "trainable": {"name": "classifier"}})
+    for p in graph.model.parameters():  # the full fine-tuning's grads are not the adapters' business
+        p.grad = None
+    ours, _ = passes.insert_lora_adapter_transform_pass(graph, {  # a transform: graph itself is left as it is
+        "rank": LORA_RANK, "alpha": float(LORA_ALPHA), "dropout": LORA_DROPOUT,
+        "targets": {"name": LORA_TARGETS}, "trainable": {"name": "classifier"}})
     ours.train()
     variants.append(Variant("fxforge LoRA", loss_step(ours, inputs), [ours.model]))
     ckpt = checkpoint_pass()
@@ -220,7 +224,7 @@ def bench_lora(args: argparse.Namespace, checks: dict[str, bool], results: dict[
         both, _, fraction = plan_checkpoints(ours, inputs, args.lora_fraction)
         name = f"fxforge LoRA + checkpoint fraction {fraction}"
         variants.append(Variant(name, loss_step(both, inputs), [both.model]))
-    res = run_section(f"LoRA fine-tuning, {label} (rank {LORA['rank']}, {', '.join(LORA['targets'])} + head)",
+    res = run_section(f"LoRA fine-tuning, {label} (rank {LORA_RANK}, {', '.join(LORA_TARGETS)} + head)",
                       variants, "PEFT LoRA", args.repeats, args.warmup)
     results["lora"] = res
     if ckpt is not None:
@@ -251,10 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         print("fxforge pass: not available yet")
     checks: dict[str, bool] = {}
     results: dict[str, Any] = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "quick": args.quick}
-    for build in (classifier, gpt):
-        model, inputs, label = build(args.quick)
-        bench_model(model, inputs, label, args, checks, results)
-    bench_lora(args, checks, results)
+    model, inputs, label = classifier(args.quick)
+    graph = bench_model(model, inputs, label, args, checks, results)
+    bench_model(*gpt(args.quick), args, checks, results)
+    bench_lora(model, inputs, label, graph, args, checks, results)
     print()
     for name, ok in checks.items():
         print(f"{'met   ' if ok else 'MISSED'} {name}")

@@ -60,8 +60,9 @@ class PerLayerCheckpoint(nn.Module):
 def checkpoint_every_layer(model: nn.Module) -> nn.Module:
     """A copy of ``model`` with every encoder layer (HF BERT) or GPT block wrapped in PerLayerCheckpoint."""
     model = copy.deepcopy(model)
-    layers: nn.ModuleList = (model.model.blocks if isinstance(model, GPTWithLoss)
-                             else model.get_submodule("bert.encoder.layer"))
+    layers = model.model.blocks if isinstance(model, GPTWithLoss) else model.get_submodule("bert.encoder.layer")
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"expected the layers in an nn.ModuleList, got {type(layers).__name__}")
     for i, layer in enumerate(layers):
         layers[i] = PerLayerCheckpoint(layer)
     return model

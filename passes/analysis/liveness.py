@@ -203,9 +203,12 @@ def liveness_analysis_pass(graph: ForgeGraph, args: LivenessArgs) -> tuple[Forge
         steps = len(nodes)
         inf, train = live_bytes(buffers, steps)
         costs = region_costs(regions, run.values)
-        for node, (inside, _) in costs.items():  # a region's body peaks inside its node
-            inf[nodes.index(node)] += inside
-            train[nodes.index(node)] += inside
+        for node, (inside, _, kept) in costs.items():  # a region's body peaks inside its node
+            at = nodes.index(node)
+            inf[at] += inside
+            train[at] += inside
+            for j in range(at, steps + 1):  # with grad the checkpoint keeps the RNG state to its backward
+                train[j] += kept
         bwd = backward_live_bytes(gm, nodes, run.values, run.storages, buffers, run.saved, costs)
         peak_b = max(range(steps), key=lambda i: bwd[i])
         peak_i = max(range(steps), key=lambda i: inf[i])

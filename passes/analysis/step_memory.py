@@ -22,9 +22,10 @@ walks the nodes in reverse (autograd's order for a graph in program order). At n
   assumed allocated before the step, as in a training loop that zeroes rather than frees them).
 
 Checkpointed regions (a call_module running ``torch.utils.checkpoint``, e.g. the activation checkpoint
-pass's CheckpointRegion): autograd saves nothing inside, but the region keeps its inputs until its backward;
-its body's own peak is a transient at that node in forward, and in backward the body is recomputed and
-differentiated: the body's own step peak (estimated the same way) or its input gradients, whichever is larger.
+pass's CheckpointRegion): autograd saves nothing inside, but the region keeps its inputs and the CPU RNG
+state (5 KB, to replay dropout) until its backward; its body's own peak is a transient at that node in
+forward, and in backward the body is recomputed and differentiated: the body's own step peak (estimated the
+same way) or its input gradients, whichever is larger.
 
 Not modelled: workspaces inside an op's backward kernel, the seed gradient (an expanded scalar for a
 summed or mean loss) and outputs that are not saved (freed before backward starts).
@@ -79,12 +80,14 @@ def checkpointed_regions(gm: fx.GraphModule, nodes: list[fx.Node], saved: dict[f
     return regions
 
 
-def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dict[fx.Node, tuple[int, int]]:
+def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dict[fx.Node, tuple[int, int, int]]:
     """Per region node: (forward transient beyond its outputs, backward bytes of recomputing and differentiating
-    its body), from the body's own liveness on the inputs it received."""
+    its body, bytes kept from its forward to its backward besides its inputs: the CPU RNG state, with grad
+    only), from the body's own liveness on the inputs it received."""
     from .liveness import buffer_lifetimes, live_bytes, record_storages  # liveness imports this module
 
-    out: dict[fx.Node, tuple[int, int]] = {}
+    out: dict[fx.Node, tuple[int, int, int]] = {}
+    rng_state = torch.get_rng_state().nbytes
     for node, region in regions.items():
         body = region.body()
         body.eval()  # record_storages restores this mode on the children, which the outer graph shares
@@ -95,14 +98,14 @@ def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dic
         bwd = backward_live_bytes(body, run.nodes, run.values, run.storages, buffers, run.saved)
         outputs = sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(values.get(node))
                       if isinstance(t, torch.Tensor))
-        out[node] = (max(0, max(inf) - outputs), max(max(train), max(bwd, default=0)))
+        out[node] = (max(0, max(inf) - outputs), max(max(train), max(bwd, default=0)), rng_state)
     return out
 
 
 def backward_live_bytes(gm: fx.GraphModule, nodes: list[fx.Node], values: dict[fx.Node, Any],
                         storages: dict[fx.Node, list[tuple[int, int]]],
                         buffers: dict[int, list[Any]], saved: dict[fx.Node, list[tuple[int, int]]],
-                        regions: dict[fx.Node, tuple[int, int]] | None = None) -> list[int]:
+                        regions: dict[fx.Node, tuple[int, int, int]] | None = None) -> list[int]:
     """Estimated live bytes at each node's backward (index = forward node index; 0 where none runs).
 
     ``values`` / ``storages`` / ``saved`` come from one grad-mode run keeping every value (a liveness
@@ -128,6 +131,8 @@ def backward_live_bytes(gm: fx.GraphModule, nodes: list[fx.Node], values: dict[f
 
     for ptr, first in first_saver.items():
         add(first, steps - 1, buffers[ptr][2])
+    for node, (_, _, kept) in regions.items():
+        add(index[node], steps - 1, kept)
     new = [0] * steps
     for i, node in enumerate(nodes):
         if not grad[node]:
