@@ -109,9 +109,9 @@ def dynamic_step(model: nn.Module, run: Callable[[dict[str, torch.Tensor]], Any]
 
     def record(q: nn.Module, args: tuple[Any, ...]) -> None:
         x = args[0]
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
+        if isinstance(q, Quantize) and isinstance(x, torch.Tensor) and x.is_floating_point():
             lo, hi = tensor_range(x)
-            scale, _ = scale_zero_point(lo, hi, q.params["width"], q.params["symmetric"])  # type: ignore[index]
+            scale, _ = scale_zero_point(lo, hi, int(q.params["width"]), bool(q.params["symmetric"]))
             steps.append(float(scale.max()))
 
     hooks = [m.register_forward_pre_hook(record) for m in model.modules()
