@@ -6,8 +6,10 @@
 Artifacts (benchmarks/deploy_runtimes.py builds them): the fp32 graph exported to ONNX; ONNX Runtime's own
 ``quantize_dynamic`` (QInt8 weights: every op it quantizes, and MatMul/Gemm only) and ``quantize_static``
 (QDQ, per-channel, MatMul/Gemm, min-max on ``--calib`` training reviews) of that export; fxforge's int8 QDQ
-artifact (every Linear int8, activations calibrated on the same reviews); the search's best point (``--best``)
-as QDQ, or when its formats are refused, its pruned + shrunk FFN with the same int8 linears; an AOTInductor
+artifact (every Linear int8, activations calibrated on the same reviews) and its dynamic twin (each batch's
+activation range: DynamicQuantizeLinear, as ORT's quantize_dynamic); the search's best point (``--best``)
+as QDQ, or when its formats are refused, its pruned + shrunk FFN with the same int8 linears (static and
+dynamic); an AOTInductor
 package; torch.ao dynamic int8 for reference. Each runtime is timed in its own worker process
 (runtime_workers.py; ``--in-process`` times them all in this one, where ORT's and torch's thread pools contend).
 Printed, in one run (interleaved rounds, medians): the CPU and
@@ -50,6 +52,7 @@ from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 TARGETS = {"int8_x_eager": 0.6, "shrunk_x_eager": 0.4, "aoti_x_eager": 0.85, "accuracy_pt": 0.5}
 ORT_OWN = ("ORT quantize_dynamic", "ORT quantize_dynamic MatMul", "ORT quantize_static QDQ")
 FXFORGE_INT8, SHRUNK, AOTI, EAGER = "fxforge ONNX int8 QDQ", "shrunk + int8 ONNX QDQ", "AOTInductor", "fp32 eager"
+FXFORGE_DYN, SHRUNK_DYN = "fxforge ONNX int8 dynamic", "shrunk + int8 dynamic ONNX"
 
 
 @dataclass
@@ -124,9 +127,10 @@ def build(args: argparse.Namespace, work: Path, log: Log) -> tuple[dict[str, Var
                                       eval_batch_size=8, progress=False, calibration_size=args.calib)
     calib = task.calibration(base.model)[0]
     log(f"{args.model} loaded; {len(task.data['test'])} held-out and {len(task.data['train'])} calibration reviews")
-    graphs: dict[str, ForgeGraph] = {"fp32 graph": base, "fxforge int8 graph": rt.fxforge_int8(base, calib)}
+    graphs: dict[str, ForgeGraph] = {"fp32 graph": base, "fxforge int8 graph": rt.fxforge_int8(base, calib),
+                                     "fxforge int8 dynamic graph": rt.fxforge_int8(base, calib, dynamic=True)}
     log("fxforge int8 graph: every Linear int8 (per-channel symmetric weights, per-tensor asymmetric activations, "
-        "min-max calibrated)")
+        "min-max calibrated); dynamic graph: the same with each batch's activation range")
     fp32_path, how = rt.export_fp32_onnx(base, work / "fp32")
     log(f"fp32 ONNX: {how}, {rt.artifact_bytes(fp32_path)} bytes")
     fp32_bytes = rt.artifact_bytes(fp32_path)
@@ -143,6 +147,11 @@ def build(args: argparse.Namespace, work: Path, log: Log) -> tuple[dict[str, Var
     if qdq is not None:
         variants[FXFORGE_INT8] = Variant(rt.ort_session(qdq), rt.artifact_bytes(qdq), "fxforge int8 graph", how,
                                          ort_spec(qdq))
+    dyn, how = rt.export_qdq_onnx(graphs["fxforge int8 dynamic graph"], work / "int8-dynamic")
+    log(f"{FXFORGE_DYN}: {how}")
+    if dyn is not None:
+        variants[FXFORGE_DYN] = Variant(rt.ort_session(dyn), rt.artifact_bytes(dyn), "fxforge int8 dynamic graph",
+                                        how, ort_spec(dyn))
     shrunk_point(args, base, task, graphs, variants, log, work)
     pt2, names = rt.export_aoti_package(base, work / "aoti")
     log(f"AOTInductor: fxforge.deploy.export_aoti, {rt.artifact_bytes(pt2)} bytes")
@@ -183,13 +192,13 @@ def shrunk_point(args: argparse.Namespace, base: ForgeGraph, task: Any, graphs: 
     log(f"{SHRUNK}: the best point's structure ({sparsity:.0%} of FFN units removed by Taylor importance on "
                  f"{args.calib} training reviews, widths {'equal' if same else 'NOT equal'} to the best's), every "
                  "Linear in static int8 (per-channel weights, calibrated activations) instead of its formats")
-    graphs["shrunk int8 graph"] = rt.fxforge_int8(shrunk, calib[0])
-    path, how = rt.export_qdq_onnx(graphs["shrunk int8 graph"], work / "shrunk")
-    log(f"{SHRUNK}: {how}")
-    if path is None:
-        return
-    variants[SHRUNK] = Variant(rt.ort_session(path), rt.artifact_bytes(path), "shrunk int8 graph", how,
-                               ort_spec(path))
+    for name, dynamic in ((SHRUNK, False), (SHRUNK_DYN, True)):
+        reference = f"shrunk int8{' dynamic' if dynamic else ''} graph"
+        graphs[reference] = rt.fxforge_int8(shrunk, calib[0], dynamic=dynamic)
+        path, how = rt.export_qdq_onnx(graphs[reference], work / ("shrunk-dynamic" if dynamic else "shrunk"))
+        log(f"{name}: {how}")
+        if path is not None:
+            variants[name] = Variant(rt.ort_session(path), rt.artifact_bytes(path), reference, how, ort_spec(path))
 
 
 def ort_spec(path: Path) -> dict[str, Any]:
@@ -258,9 +267,12 @@ def targets(rows: dict[str, Any], shape: str, length: int) -> dict[str, Any]:
     def x(name: str) -> float | None:
         return rows.get(name, {}).get("x_eager", {}).get(shape)
 
-    own = [v for v in (x(n) for n in ORT_OWN) if v is not None]
-    i8, sh, ao = x(FXFORGE_INT8), x(SHRUNK), x(AOTI)
-    best_own = min(own) if own else None
+    def best(names: tuple[str, ...]) -> float | None:
+        found = [v for v in (x(n) for n in names) if v is not None]
+        return min(found) if found else None
+
+    # fxforge's fastest int8 artifact (static QDQ or dynamic) against ORT's fastest own quantizer
+    i8, sh, ao, best_own = best((FXFORGE_INT8, FXFORGE_DYN)), best((SHRUNK, SHRUNK_DYN)), x(AOTI), best(ORT_OWN)
 
     def le(a: float | None, b: float | None) -> bool | None:
         return None if a is None or b is None else a <= b

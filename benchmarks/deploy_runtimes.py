@@ -24,23 +24,26 @@ __all__ = ["Runner", "int8_config", "fxforge_int8", "export_fp32_onnx", "export_
 Runner = Callable[..., torch.Tensor]  # keyword inputs (input_ids, attention_mask) -> logits
 
 
-def int8_config() -> dict[str, Any]:
-    """fxforge's static int8 linears: per-channel symmetric int8 weights, per-tensor asymmetric 8-bit
-    activations with calibrated (static) scales: what ORT's ``quantize_static`` QDQ per-channel does."""
+def int8_config(dynamic: bool = False) -> dict[str, Any]:
+    """fxforge's int8 linears: per-channel symmetric int8 weights, per-tensor asymmetric 8-bit activations with
+    calibrated (static) scales, what ORT's ``quantize_static`` QDQ per-channel does; ``dynamic``: the activation
+    scale from each batch instead (exported as DynamicQuantizeLinear, like ORT's ``quantize_dynamic``)."""
     return {"by": "type", "default": {"config": {"name": None}},
             "linear": {"config": {"name": "scaled_integer", "weight_width": 8, "weight_symmetric": True,
                                   "weight_granularity": "per_channel", "data_in_width": 8,
                                   "data_in_symmetric": False, "data_in_granularity": "per_tensor",
-                                  "data_in_dynamic": False}}}
+                                  "data_in_dynamic": dynamic}}}
 
 
-def fxforge_int8(graph: ForgeGraph, calib: list[dict[str, Any]]) -> ForgeGraph:
-    """A copy of ``graph`` with every Linear in static int8 (``int8_config``), calibrated (min-max) on ``calib``."""
+def fxforge_int8(graph: ForgeGraph, calib: list[dict[str, Any]], dynamic: bool = False) -> ForgeGraph:
+    """A copy of ``graph`` with every Linear in int8 (``int8_config``): static scales calibrated (min-max) on
+    ``calib``, or ``dynamic`` ones (nothing to calibrate)."""
     from ..passes.quantize import quantize_transform_pass
     from ..passes.quantize.calibrate import calibrate_transform_pass
 
-    quantized, _ = quantize_transform_pass(graph.copy(), int8_config())
-    quantized, _ = calibrate_transform_pass(quantized, {"data": calib, "method": "minmax"})
+    quantized, _ = quantize_transform_pass(graph.copy(), int8_config(dynamic))
+    if not dynamic:
+        quantized, _ = calibrate_transform_pass(quantized, {"data": calib, "method": "minmax"})
     return quantized.eval()
 
 
