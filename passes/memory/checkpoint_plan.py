@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils.flop_counter import FlopCounterMode
 
 from ...graph.metadata import get_meta, has_meta
 from ..analysis.liveness import _Runner
@@ -76,7 +75,7 @@ class Plan:
 class _CostRunner(_Runner):
     """The liveness runner, also counting FLOPs per node."""
 
-    def __init__(self, gm: fx.GraphModule, mode: FlopCounterMode) -> None:
+    def __init__(self, gm: fx.GraphModule, mode: Any) -> None:  # a FlopCounterMode
         super().__init__(gm)
         self.mode = mode
         self.flops: dict[fx.Node, int] = {}
@@ -118,6 +117,8 @@ def _segmentable(gm: fx.GraphModule, node: fx.Node, value: Any) -> bool:
 
 def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
     """Run ``gm`` once in training mode with grad (RNG state restored after) and derive the planner's costs."""
+    from torch.utils.flop_counter import FlopCounterMode  # imports triton: only when a plan is made
+
     mode = FlopCounterMode(display=False)
     runner = _CostRunner(gm, mode)
     modes = [(m, m.training) for m in gm.modules()]
