@@ -91,17 +91,25 @@ class _Timer(fx.Interpreter):
         return out
 
 
-class _Flops(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, mode: Any) -> None:  # a FlopCounterMode
-        super().__init__(gm)
-        self.mode = mode
-        self.flops: dict[fx.Node, int] = {}
+class FlopsPerNode(fx.Interpreter):
+    """An interpreter recording each node's FLOPs (``flops``) from a running FlopCounterMode (``mode``); mix it in
+    before another interpreter class to count FLOPs in that interpreter's run too."""
+
+    mode: Any  # a torch.utils.flop_counter.FlopCounterMode (imported where used: it imports triton)
+    flops: dict[fx.Node, int]
 
     def run_node(self, n: fx.Node) -> Any:
         before = self.mode.get_total_flops()
         out = super().run_node(n)
         self.flops[n] = self.mode.get_total_flops() - before
         return out
+
+
+class _Flops(FlopsPerNode):
+    def __init__(self, gm: fx.GraphModule, mode: Any) -> None:  # a FlopCounterMode
+        super().__init__(gm)
+        self.mode = mode
+        self.flops = {}
 
 
 def _param_bytes(gm: fx.GraphModule, node: fx.Node) -> int:

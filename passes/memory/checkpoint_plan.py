@@ -31,7 +31,7 @@ import torch.fx as fx
 
 from ...graph.metadata import get_meta, has_meta
 from ..analysis.liveness import _Runner
-from ..analysis.profile import ProfileRecord
+from ..analysis.profile import FlopsPerNode, ProfileRecord
 
 __all__ = ["GraphCosts", "Plan", "graph_costs", "plan_checkpoints"]
 
@@ -72,19 +72,13 @@ class Plan:
     cost: float
 
 
-class _CostRunner(_Runner):
+class _CostRunner(FlopsPerNode, _Runner):
     """The liveness runner, also counting FLOPs per node."""
 
     def __init__(self, gm: fx.GraphModule, mode: Any) -> None:  # a FlopCounterMode
         super().__init__(gm)
         self.mode = mode
-        self.flops: dict[fx.Node, int] = {}
-
-    def run_node(self, n: fx.Node) -> Any:
-        before = self.mode.get_total_flops()
-        out = super().run_node(n)
-        self.flops[n] = self.mode.get_total_flops() - before
-        return out
+        self.flops = {}
 
 
 def _mutates(gm: fx.GraphModule, node: fx.Node) -> bool:
