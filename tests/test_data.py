@@ -79,6 +79,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("FXFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "fxforge-cache"))
 
 
+@pytest.mark.slow  # 21 s: tokenizes the full 25k-review split
 def test_full_imdb_split_as_datasets_is_cached_and_matches_the_reviews(imdb: dict[str, list]) -> None:
     ds, tok = get_tokenized_dataset("imdb", checkpoint="minilm", max_length=16, return_tokenizer=True)
     assert (len(ds["train"]), len(ds["test"])) == (19_797, 5_107)

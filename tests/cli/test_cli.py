@@ -96,6 +96,7 @@ def test_tampered_checkpoints_fail_with_one_line(checkpoint: tuple[Path, int], t
                                   str(tmp_path / "none.json")), "no such search results")
 
 
+@pytest.mark.slow  # 36 s of CLI subprocesses: make test-slow (CI); make test measured 12:21 with it
 def test_run_and_search_bad_input_and_missing_features(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[pipeline\nsteps = 3\n")
@@ -152,6 +153,7 @@ def _optuna_lines_start_clean(stderr: str) -> int:
     return records
 
 
+@pytest.mark.slow  # 28 s, two CLI searches; resuming is also tested in-process (tests/search)
 def test_search_config_runs_then_a_rerun_resumes_and_adds_trials(tmp_path: Path) -> None:
     """`fxforge search CONFIG.toml` on a valid config (the zoo's tiny BERT, quantized per trial), then the same
     command with --n-trials 3: the study is continued (trials 0-1 kept, trial 2 added); Optuna's per-trial

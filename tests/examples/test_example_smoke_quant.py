@@ -32,6 +32,7 @@ def test_quantization_example_writes_its_table(tmp_path: Path, capsys: pytest.Ca
     assert all(r["int8_ms"] > 0 and r["fp32_ms"] > 0 for r in rows if r["method"] == "real int8")
 
 
+@pytest.mark.slow  # 22 s: a real mixed-precision search
 def test_search_mixed_precision_example_searches_and_exports(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """Two trials (the uniform 8- and 6-bit points it queues first) on 16 reviews: the Pareto files exist and
