@@ -35,7 +35,7 @@ from .onnx_ranges import guard_ranges_file
 from .output_dir import StagedDir, check_output_dir
 from .qdq import dedicate_dq_file, output_step, to_qdq
 from .qdq_dynamic import NAMESPACE as QDQ_NAMESPACE
-from .qdq_dynamic import dynamic_step
+from .qdq_dynamic import dynamic_steps
 from .qdq_int4 import int4_weights, store_int4_file
 from .signature import DeployProgram, InferenceSignature, export_program, inference_signature, manifest_axes
 
@@ -102,9 +102,10 @@ def _export(fmt: str, mg: ForgeGraph, out_dir: str | os.PathLike[str], dynamic_b
         if check:
             from .check import check_artifact
 
-            cases = check_cases(program, reference)
-            if dynamic and bound_kind == "quant_steps":  # the largest step a batch-scaled quantizer took on them
-                step = max(step, dynamic_step(reference.module, reference, [c.inputs for c in cases]))
+            with dynamic_steps(reference.module) as taken:  # steps batch-scaled quantizers take on the cases
+                cases = check_cases(program, reference)
+            if dynamic and bound_kind == "quant_steps":
+                step = max([step, *taken])
             result = check_artifact(staged.path, fmt, cases, bound, bound_kind, step, ranges=ranges, labels=labels)
         manifest = DeployManifest(
             format=fmt, artifact=ARTIFACT_FILES[fmt],

@@ -17,7 +17,8 @@ deploy/qdq_formats.py: DynamicQuantizeLinear is per-tensor asymmetric uint8 only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from ..passes.quantize.fixed import scale_zero_point, tensor_range
 from ..passes.quantize.quantizer import Quantize
 from .qdq_formats import QdqActivation, WeightCodes
 
-__all__ = ["NAMESPACE", "ONNX_TRANSLATIONS", "QdqDynamicLinear", "is_onnx_dynamic", "dynamic_step"]
+__all__ = ["NAMESPACE", "ONNX_TRANSLATIONS", "QdqDynamicLinear", "is_onnx_dynamic", "dynamic_steps"]
 
 NAMESPACE = "fxforge_qdq"
 
@@ -100,11 +101,11 @@ class QdqDynamicLinear(nn.Module):
                 "dynamic uint8 input")
 
 
-def dynamic_step(model: nn.Module, run: Callable[[dict[str, torch.Tensor]], Any],
-                 cases: Iterable[dict[str, torch.Tensor]]) -> float:
-    """The largest step (scale) any dynamic activation quantizer of ``model`` takes while ``run`` runs each of
-    ``cases``: the unit of the deploy check's bound for graphs whose input scales come from each batch (0.0 when
-    ``model`` has no dynamic quantizer)."""
+@contextlib.contextmanager
+def dynamic_steps(model: nn.Module) -> Iterator[list[float]]:
+    """Within the block, each step (scale) a dynamic activation quantizer of ``model`` takes is appended to the
+    yielded list: its maximum over the deploy check's own reference runs is the unit of the check's bound for
+    graphs whose input scales come from each batch (no second forward pass needed)."""
     steps: list[float] = []
 
     def record(q: nn.Module, args: tuple[Any, ...]) -> None:
@@ -117,10 +118,7 @@ def dynamic_step(model: nn.Module, run: Callable[[dict[str, torch.Tensor]], Any]
     hooks = [m.register_forward_pre_hook(record) for m in model.modules()
              if isinstance(m, Quantize) and m.enabled and not m.is_param and m.params.get("dynamic", False)]
     try:
-        with torch.no_grad():
-            for inputs in cases:
-                run(inputs)
+        yield steps
     finally:
         for h in hooks:
             h.remove()
-    return max(steps, default=0.0)

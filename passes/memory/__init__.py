@@ -2,10 +2,8 @@
 
 from .activation_checkpoint import activation_checkpoint_transform_pass
 from .buffer_reuse import buffer_reuse_transform_pass
-from .measure import measure_training_peak
 
 __all__ = [
     "buffer_reuse_transform_pass",
     "activation_checkpoint_transform_pass",
-    "measure_training_peak",
 ]

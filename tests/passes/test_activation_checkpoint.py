@@ -16,7 +16,8 @@ from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
 from fxforge import ForgeGraph, passes
 from fxforge.graph.inputs import ExampleInputs
 from fxforge.passes import PassArgsError, PassError
-from fxforge.passes.memory import activation_checkpoint_transform_pass, measure_training_peak
+from fxforge.passes.analysis.step_memory import measured_step_bytes
+from fxforge.passes.memory import activation_checkpoint_transform_pass
 from fxforge.passes.memory.activation_checkpoint import MB, checkpoint_regions
 from fxforge.passes.propagate import flat_inputs
 
@@ -151,9 +152,9 @@ def test_budget_is_met_on_the_measured_peak(bert: ForgeGraph) -> None:
     inputs = bert_inputs(batch=8, seq=64)
     mg = bert.copy().train()
     flat = flat_inputs(mg.model, ExampleInputs.coerce(inputs))
-    before = measure_training_peak(mg.model, flat)
+    before = measured_step_bytes(mg.model, flat)
     out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.6, "data": inputs})
-    after = measure_training_peak(out.model, flat)
+    after = measured_step_bytes(out.model, flat)
     slack = 0.10 * info.budget_bytes + 64 * 1024
     assert after <= info.budget_bytes + slack, (after, info)
     assert before > info.budget_bytes + slack, (before, info)
