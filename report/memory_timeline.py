@@ -73,19 +73,6 @@ def _buffer(entry: Any, node: str, index: int, count: int) -> tuple[int, LiveBuf
     return ident, LiveBuffer(node, born, dies, size, bool(entry[4]))
 
 
-def _curve(buffers: list[LiveBuffer], count: int, training: bool) -> list[int]:
-    """Live bytes per node index: each buffer from its birth to its death (to the end if saved, in training)."""
-    diff = [0] * (count + 1)
-    for b in buffers:
-        diff[b.born] += b.bytes
-        diff[(count - 1 if training and b.saved else b.dies) + 1] -= b.bytes
-    out, level = [], 0
-    for d in diff[:count]:
-        level += d
-        out.append(level)
-    return out
-
-
 def _alive(buffers: list[LiveBuffer], at: int, training: bool, top: int) -> tuple[LiveBuffer, ...]:
     """The ``top`` largest buffers alive at node index ``at``."""
     alive = [b for b in buffers if b.born <= at and (at <= b.dies or (training and b.saved))]
@@ -95,7 +82,7 @@ def _alive(buffers: list[LiveBuffer], at: int, training: bool, top: int) -> tupl
 def memory_timeline(mg: ForgeGraph, top: int = 8) -> MemoryTimeline | None:
     """The timeline of ``mg`` from its LivenessRecords, or None when liveness_analysis_pass has not run on it;
     ValueError when a record is malformed or does not match the graph."""
-    from ..passes.analysis.liveness import LivenessRecord
+    from ..passes.analysis.liveness import LivenessRecord, live_bytes
 
     nodes = list(mg.model.graph.nodes)
     count = len(nodes)
@@ -113,7 +100,9 @@ def memory_timeline(mg: ForgeGraph, top: int = 8) -> MemoryTimeline | None:
     if not found:
         return None
     buffers = list(found.values())
-    inference, training = _curve(buffers, count, False), _curve(buffers, count, True)
+    # the pass's own curve computation over the recorded buffers (each to its death, saved ones to the end)
+    inference, training = (curve[:count] for curve in live_bytes(
+        {k: [b.born, b.dies, b.bytes, b.saved] for k, b in enumerate(buffers)}, count - 1))
     peak_i = max(range(count), key=lambda i: inference[i])
     peak_t = max(range(count), key=lambda i: training[i])
     return MemoryTimeline(tuple(n.name for n in nodes), tuple(inference), tuple(training), peak_i, peak_t,
