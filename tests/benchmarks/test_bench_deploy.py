@@ -33,7 +33,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.mark.slow_deploy  # every artifact built, an AOTInductor compile among them: make test-deploy
 def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, Path], tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from fxforge.benchmarks.bench_deploy_minilm import AOTI, EAGER, FXFORGE_INT8, ORT_OWN, SHRUNK, main
+    from fxforge.benchmarks.bench_deploy_minilm import (AOTI, EAGER, FXFORGE_DYN, FXFORGE_INT8, ORT_OWN, SHRUNK,
+                                                        SHRUNK_DYN, main)
 
     fp32, best = checkpoints
     keep, out = tmp_path / "artifacts", tmp_path / "r.json"
@@ -42,13 +43,14 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
     text, res = capsys.readouterr().out, json.loads(out.read_text())
     assert code == 0 and text.startswith("CPU: ") and "threads" in text.splitlines()[0]
     rows = res["artifacts"]
-    assert set(rows) == {EAGER, "ORT fp32", *ORT_OWN, FXFORGE_INT8, SHRUNK, AOTI, "torch.ao dynamic int8"}
+    assert set(rows) == {EAGER, "ORT fp32", *ORT_OWN, FXFORGE_INT8, FXFORGE_DYN, SHRUNK, SHRUNK_DYN, AOTI,
+                         "torch.ao dynamic int8"}
     # bytes are the files' own (here the fp32 word embeddings dominate: only ORT's dynamic int8 quantizes them)
     fp32_onnx = (keep / "fp32" / "model.onnx").stat().st_size
     assert res["fp32_onnx_bytes"] == rows["ORT fp32"]["bytes"] == fp32_onnx
     assert rows[AOTI]["bytes"] == (keep / "aoti" / "model.pt2").stat().st_size
     assert rows[FXFORGE_INT8]["bytes"] == (keep / "int8" / "model.onnx").stat().st_size
-    for name in (*ORT_OWN, FXFORGE_INT8, SHRUNK):
+    for name in (*ORT_OWN, FXFORGE_INT8, FXFORGE_DYN, SHRUNK, SHRUNK_DYN):
         assert rows[name]["x_fp32_bytes"] == rows[name]["bytes"] / fp32_onnx
     assert rows[ORT_OWN[0]]["x_fp32_bytes"] < 0.5
     assert rows[EAGER]["bytes"] is None and rows["torch.ao dynamic int8"]["bytes"] is None
@@ -56,6 +58,8 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
     assert re.search(r"best point as is, ONNX QDQ: refused: .*encoder\.layer\.\d\..*mxint", text)
     assert "widths equal to the best's" in text
     assert rows[FXFORGE_INT8]["reference"] == "fxforge int8 graph" and rows[SHRUNK]["reference"] == "shrunk int8 graph"
+    assert rows[FXFORGE_DYN]["reference"] == "fxforge int8 dynamic graph"
+    assert rows[SHRUNK_DYN]["reference"] == "shrunk int8 dynamic graph"
     for name, r in rows.items():  # ratios and differences follow from the measured numbers
         assert set(r["median_ms"]) == {"8x", "1x"}
         for shape, ms in r["median_ms"].items():
@@ -66,5 +70,7 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
     targets = res["targets"]
     assert len(re.findall(r"^(met    |NOT met|missing) ", text, re.M)) == len(targets)
     assert all(v in (True, False) for v in targets.values())  # every artifact was built: nothing missing
-    i8, own = rows[FXFORGE_INT8]["x_eager"]["8x"], min(rows[n]["x_eager"]["8x"] for n in ORT_OWN)
+    # fxforge's fastest int8 artifact (static QDQ or dynamic) against ORT's fastest own quantizer
+    i8 = min(rows[n]["x_eager"]["8x"] for n in (FXFORGE_INT8, FXFORGE_DYN))
+    own = min(rows[n]["x_eager"]["8x"] for n in ORT_OWN)
     assert targets[f"fxforge ONNX int8 {i8:.3f}x <= best ORT own quantizer {own:.3f}x"] == (i8 <= own)
