@@ -105,6 +105,24 @@ def hf_dummy_inputs(model: nn.Module, input_names: Sequence[str], batch: int = 2
     return inputs
 
 
+def _builds_cache(model: nn.Module) -> bool:
+    """Whether ``model``'s forward returns a KV cache when its config says ``use_cache`` (a decoder, an
+    encoder-decoder, or a generating model); BERT-like encoders (``is_decoder`` False) ignore the flag."""
+    configs = [c for m in model.modules() if (c := getattr(m, "config", None)) is not None]
+    if any(getattr(c, "is_decoder", False) or getattr(c, "is_encoder_decoder", False) for c in configs):
+        return True
+    can_generate = getattr(model, "can_generate", None)
+    if callable(can_generate) and can_generate():
+        return True
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    kinds = {getattr(c, "model_type", None) for c in configs}  # a decoder family without an LM head (GPT2Model)
+    return any(k in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and k not in MODEL_FOR_MASKED_LM_MAPPING_NAMES for k in kinds)
+
+
 @contextmanager
 def cache_disabled(model: nn.Module, notes: list[str]) -> Iterator[None]:
     """Turn ``use_cache`` off in every config of the model while capturing (restored afterwards).
@@ -117,7 +135,7 @@ def cache_disabled(model: nn.Module, notes: list[str]) -> Iterator[None]:
                and getattr(c, "use_cache", False) is True}
     for c in configs.values():
         c.use_cache = False
-    if configs:
+    if configs and _builds_cache(model):  # an encoder's config has use_cache too, but its forward never reads it
         notes.append("use_cache was turned off for capture (a KV cache is not a tensor output); the graph returns "
                      "no past_key_values and recomputes the whole sequence per call")
     try:

@@ -14,6 +14,7 @@ from typing import Any
 from ..graph.forge_graph import ForgeGraph
 from ..graph.ir import classify
 from ..graph.metadata import ValueMeta, get_meta, has_meta
+from .overlays import node_precision
 
 __all__ = ["NodeRow", "QuantRow", "node_rows", "quant_rows"]
 
@@ -83,7 +84,7 @@ def node_rows(mg: ForgeGraph) -> list[NodeRow]:
             ins = {k: v for k, v in common.args.items() if k.startswith("data_in")}
             outs = _tensors(common.results)
             dtypes = " ".join(sorted({v.dtype or "" for v in outs}))
-            precision = " ".join(sorted({str(list(v.precision or ())) for v in outs}))
+            precision = node_precision(node)[0]  # a quantized node's format and widths, not its fp32 carrier
             in_shapes, out_shapes = _shapes(ins), _shapes(common.results)
         else:
             kind_enum, op = classify(node, mg.model)

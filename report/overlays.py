@@ -1,0 +1,157 @@
+"""Per-node figures the graph view colours by (overlays), read from a ForgeGraph's metadata and modules.
+
+Each overlay is a number per node (or None where it does not apply) plus, for precision, a label: the real
+format and widths of a quantized node (``integer w4 in6 b8``), the kernel of a lowered one, else the dtype
+of the node's output. No HTML here: report/hierarchy.py aggregates these per module and report/graph_view.py
+draws them. ``OVERLAYS`` lists every overlay with its unit, how a module aggregates its nodes' values, and
+whether its colour scale is logarithmic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from ..graph.metadata import get_meta, has_meta
+
+__all__ = ["OVERLAYS", "Overlay", "node_precision", "node_values", "sensitivity_by_node"]
+
+SHORT_ROLE = {"data_in": "in", "weight": "w", "bias": "b", "data_out": "out"}
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """One colour overlay: ``key`` in the per-node values, its menu title, unit, how a module's value is
+    combined from its nodes (``sum``, ``max``, ``min`` or ``weighted``: sparsity by parameter count), log scale,
+    and whether larger values are worse (the colour ramp runs towards red)."""
+
+    key: str
+    title: str
+    unit: str
+    combine: str
+    log: bool = False
+    higher_is_worse: bool = True
+
+
+OVERLAYS: tuple[Overlay, ...] = (
+    Overlay("bits", "precision (bits)", "bits", "min", higher_is_worse=False),
+    Overlay("sparsity", "weight sparsity", "fraction", "weighted", higher_is_worse=False),
+    Overlay("params", "parameters", "", "sum", log=True),
+    Overlay("flops", "FLOPs", "", "sum", log=True),
+    Overlay("latency_ms", "measured latency", "ms", "sum", log=True),
+    Overlay("memory", "live memory", "bytes", "max", log=True),
+    Overlay("sqnr_db", "quantization SQNR", "dB", "min", higher_is_worse=False),
+    Overlay("sensitivity", "sensitivity", "loss increase", "max", log=True),
+)
+
+
+def _module(node: fx.Node, root: nn.Module) -> nn.Module | None:
+    if node.op != "call_module":
+        return None
+    try:
+        return root.get_submodule(str(node.target))
+    except AttributeError:
+        return None
+
+
+def node_precision(node: fx.Node) -> tuple[str, int | None]:
+    """(label, bits for the colour scale): quantized format and widths per role, a lowered kernel's
+    integer width, else the output's dtype and its bit width; ("", None) without metadata."""
+    from ..passes.quantize.records import LoweringRecord, QuantizationRecord
+
+    if not has_meta(node):
+        return "", None
+    meta = get_meta(node)
+    rec = meta.software.get(QuantizationRecord)
+    if rec is not None:
+        roles = list(rec.quantizers) or [r for r in SHORT_ROLE if isinstance(rec.config.get(f"{r}_width"), int)]
+        widths = {r: rec.config[f"{r}_width"] for r in roles if isinstance(rec.config.get(f"{r}_width"), int)}
+        label = " ".join([rec.format, *(f"{SHORT_ROLE.get(r, r)}{w}" for r, w in widths.items())])
+        lowered = meta.software.get(LoweringRecord)
+        if lowered is not None:
+            label += f" (lowered: {lowered.kernel}, weight {lowered.weight})"
+        bits = widths.get("weight", min(widths.values(), default=None))
+        return label, bits
+    outs = [v for v in meta.common.results.values() if v.type == "tensor" and v.dtype]
+    if not outs:
+        return "", None
+    dtype = outs[0].dtype or ""
+    return dtype, (outs[0].precision or (None,))[0]
+
+
+def _params(node: fx.Node, root: nn.Module) -> int | None:
+    module = _module(node, root)
+    if module is not None:
+        count = sum(p.numel() for p in module.parameters())
+        return count or None
+    if node.op == "get_attr":
+        obj: Any = root
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part, None)
+        return obj.numel() if isinstance(obj, nn.Parameter) else None
+    return None
+
+
+def _sparsity(node: fx.Node, root: nn.Module) -> tuple[float, int] | None:
+    """(zero fraction of the weight as the forward uses it, weight elements) of a layer with a 2-D+ weight."""
+    module = _module(node, root)
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() < 2 or weight.is_meta:
+        return None
+    with torch.no_grad():
+        w = weight.detach()
+        mask = getattr(module, "weight_mask", None)
+        if isinstance(mask, torch.Tensor) and mask.shape == w.shape:
+            w = w * mask
+        return float((w == 0).sum()) / max(w.numel(), 1), w.numel()
+
+
+def node_values(node: fx.Node, root: nn.Module) -> dict[str, float]:
+    """Every overlay value this node has (keys of ``OVERLAYS``; ``sparsity_n``: weights the sparsity covers)."""
+    from ..passes.analysis.liveness import LivenessRecord
+    from ..passes.analysis.profile import ProfileRecord
+
+    out: dict[str, float] = {}
+    _, bits = node_precision(node)
+    if bits is not None:
+        out["bits"] = float(bits)
+    params = _params(node, root)
+    if params:
+        out["params"] = float(params)
+    sparsity = _sparsity(node, root)
+    if sparsity is not None:
+        out["sparsity"], out["sparsity_n"] = sparsity[0], float(sparsity[1])
+    if has_meta(node):
+        software = get_meta(node).software
+        prof = software.get(ProfileRecord)
+        if prof is not None:
+            out["flops"], out["latency_ms"] = float(prof.flops), float(prof.latency_ms)
+        live = software.get(LivenessRecord)
+        if live is not None:
+            out["memory"] = float(live.bytes + sum(o[2] for o in live.others if len(o) > 2))
+    return out
+
+
+def sensitivity_by_node(sensitivity: Any) -> dict[str, float]:
+    """Node name -> loss increase at the narrowest width measured, from a SensitivityInfo, its JSON, or an
+    already flat ``{node: value}`` mapping (None: empty)."""
+    if sensitivity is None:
+        return {}
+    to_json = getattr(sensitivity, "to_json", None)
+    data = to_json() if callable(to_json) else sensitivity
+    if isinstance(data, Mapping) and isinstance(data.get("layers"), list):
+        out = {}
+        for layer in data["layers"]:
+            quant = sorted((p for p in layer.get("quant", []) if len(p) == 2), key=lambda p: p[0])
+            if quant:
+                out[str(layer["name"])] = float(quant[0][1])
+        return out
+    if isinstance(data, Mapping):
+        return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+    raise TypeError(f"sensitivity must be a SensitivityInfo, its to_json() or a {{node: value}} mapping, got "
+                    f"{type(sensitivity).__name__}")
