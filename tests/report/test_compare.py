@@ -1,0 +1,66 @@
+"""The before / after comparison (issue 34 item 3) on a real pruning pipeline of the tiny BERT: exactly the pruned
+layers are flagged (data level), the summary counts what the graphs hold, and the page escapes hostile names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import bert_metadata_graph
+
+from fxforge import ForgeGraph
+from fxforge.pipelines import Pipeline
+from fxforge.report.compare import compare_graphs, comparison_html, write_comparison
+
+PRUNED = ["bert.encoder.layer.0.intermediate.dense", "bert.encoder.layer.1.attention.self.value", "classifier"]
+
+
+@pytest.fixture(scope="module")
+def before_after() -> tuple[ForgeGraph, ForgeGraph]:
+    before = bert_metadata_graph()
+    pipe = Pipeline([("prune_transform_pass", {"weight": {"sparsity": 0.5}, "targets": {"name": PRUNED}})],
+                    name="prune")
+    after, _ = pipe(before)
+    return before, after
+
+
+def test_pruning_pipeline_flags_exactly_the_pruned_layers(before_after: tuple[ForgeGraph, ForgeGraph]) -> None:
+    before, after = before_after
+    cmp = compare_graphs(before, after)
+    assert cmp.changed_layers() == set(PRUNED)
+    assert cmp.tagged("pruned") == set(PRUNED)
+    assert all("pruned 50%" in c.tags for c in cmp.layers)
+    assert all("params" in c.kinds for c in cmp.layers)
+    assert cmp.a.parameters == cmp.b.parameters  # masks are buffers: the count stays, the non-zeros drop
+    dropped = sum(after.model.get_submodule(p).weight.numel() // 2 for p in PRUNED)
+    assert cmp.a.nonzero_parameters - cmp.b.nonzero_parameters == dropped
+    assert cmp.a.bytes_on_disk is None and cmp.b.accuracy is None  # unknown, never invented
+
+
+def test_comparison_page_highlights_the_changed_nodes_of_both_sides(
+        before_after: tuple[ForgeGraph, ForgeGraph], tmp_path: Path) -> None:
+    before, after = before_after
+    cmp = compare_graphs(before, after, accuracy=(0.9, 0.85))
+    page = write_comparison(cmp, tmp_path / "cmp.html").read_text()
+    assert re.findall(r"<tr class='layer-row' data-path='([^']+)'", page) == [c.path for c in cmp.layers]
+    style = page[page.index("<style>"):page.index("</style>")]
+    for side in ("a", "b"):
+        flagged = set(re.findall(rf"\.side-{side} g\.node\[data-name=\"([^\"]+)\"\]", style))
+        assert flagged == {"classifier", "bert_encoder_layer_0_intermediate_dense",
+                           "bert_encoder_layer_1_attention_self_value"}
+    assert page.count("<svg") == 2 and "http" not in style
+    assert "0.8500" in page and "unknown" in page  # accuracy given; bytes on disk unknown without checkpoints
+
+
+def test_checkpoints_give_bytes_on_disk_and_hostile_names_are_escaped(
+        before_after: tuple[ForgeGraph, ForgeGraph], tmp_path: Path) -> None:
+    before, after = before_after
+    pa, pb = before.export(tmp_path / "a"), after.export(tmp_path / "b")
+    ra, rb = ForgeGraph.from_checkpoint(pa), ForgeGraph.from_checkpoint(pb)
+    cmp = compare_graphs(ra, rb, names=("</script><b>x", 'q"é'), checkpoints=(pa, pb))
+    assert cmp.changed_layers() == set(PRUNED)  # also after the round trip through checkpoints
+    assert cmp.a.bytes_on_disk == (pa / "weights.safetensors").stat().st_size
+    page = comparison_html(cmp)
+    assert "</script><b>x" not in page and "&lt;/script&gt;&lt;b&gt;x" in page
+    assert cmp.b.weight_bits == cmp.a.weight_bits  # pruning masks cost no weight bits
