@@ -50,6 +50,11 @@ def draw(ckpt: Ckpt, out: Annotated[Path, typer.Option("-o", "--out", help="SVG 
 def report(
     ckpt: Ckpt,
     out: Annotated[Path, typer.Option("-o", "--out", help="HTML file to write.")],
+    after: Annotated[Path | None, typer.Argument(
+        help="A second checkpoint (e.g. a pipeline's output): write the before / after page of CKPT -> AFTER.")]
+    = None,
+    accuracy: Annotated[list[float] | None, typer.Option(
+        "--accuracy", help="With AFTER: the measured accuracy of CKPT, then of AFTER (give it twice).")] = None,
     search: Annotated[Path | None, typer.Option(help="Search results JSON (fxforge search --results) to plot.")]
     = None,
     deploy: Annotated[list[Path] | None, typer.Option(
@@ -65,8 +70,26 @@ def report(
     from .deploy_view import report_row
     from .inspect_cmd import ensure_metadata
 
+    if after is not None:
+        return _compare(_checkpoint(ckpt), _checkpoint(after), out, accuracy or [])
+    if accuracy:
+        raise CliError("--accuracy is for a before / after report: give a second checkpoint (fxforge report A B)")
     results = None if search is None else load_search_results(search)  # checked field by field, errors name both
     artifacts = [report_row(read_manifest(d), d) for d in deploy or []]  # hostile files, checked before any work
     mg = ensure_metadata(ForgeGraph.from_checkpoint(_checkpoint(ckpt)))
     path = write_report(mg, out, title=f"fxforge report: {ckpt.name}", search_results=results, deploy=artifacts)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
+
+
+def _compare(before: Path, after: Path, out: Path, accuracy: list[float]) -> None:
+    """``fxforge report A B``: the before / after page (report/compare.py)."""
+    from ..graph.forge_graph import ForgeGraph
+    from ..report.compare import compare_graphs, write_comparison
+
+    if len(accuracy) not in (0, 2):
+        raise CliError(f"--accuracy takes two values (before, then after), got {len(accuracy)}")
+    acc = (accuracy[0], accuracy[1]) if accuracy else (None, None)
+    a, b = ForgeGraph.from_checkpoint(before), ForgeGraph.from_checkpoint(after)
+    cmp = compare_graphs(a, b, names=(before.name, after.name), checkpoints=(before, after), accuracy=acc)
+    path = write_comparison(cmp, out, title=f"fxforge report: {before.name} -> {after.name}")
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): {len(cmp.layers)} changed layer(s)")

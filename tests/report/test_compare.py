@@ -25,6 +25,13 @@ def before_after() -> tuple[ForgeGraph, ForgeGraph]:
     return before, after
 
 
+@pytest.fixture(scope="module")
+def checkpoints(before_after: tuple[ForgeGraph, ForgeGraph], tmp_path_factory: pytest.TempPathFactory
+                ) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("cmp")
+    return before_after[0].export(root / "dense"), before_after[1].export(root / "pruned")
+
+
 def test_pruning_pipeline_flags_exactly_the_pruned_layers(before_after: tuple[ForgeGraph, ForgeGraph]) -> None:
     before, after = before_after
     cmp = compare_graphs(before, after)
@@ -53,10 +60,8 @@ def test_comparison_page_highlights_the_changed_nodes_of_both_sides(
     assert "0.8500" in page and "unknown" in page  # accuracy given; bytes on disk unknown without checkpoints
 
 
-def test_checkpoints_give_bytes_on_disk_and_hostile_names_are_escaped(
-        before_after: tuple[ForgeGraph, ForgeGraph], tmp_path: Path) -> None:
-    before, after = before_after
-    pa, pb = before.export(tmp_path / "a"), after.export(tmp_path / "b")
+def test_checkpoints_give_bytes_on_disk_and_hostile_names_are_escaped(checkpoints: tuple[Path, Path]) -> None:
+    pa, pb = checkpoints
     ra, rb = ForgeGraph.from_checkpoint(pa), ForgeGraph.from_checkpoint(pb)
     cmp = compare_graphs(ra, rb, names=("</script><b>x", 'q"é'), checkpoints=(pa, pb))
     assert cmp.changed_layers() == set(PRUNED)  # also after the round trip through checkpoints
@@ -64,3 +69,19 @@ def test_checkpoints_give_bytes_on_disk_and_hostile_names_are_escaped(
     page = comparison_html(cmp)
     assert "</script><b>x" not in page and "&lt;/script&gt;&lt;b&gt;x" in page
     assert cmp.b.weight_bits == cmp.a.weight_bits  # pruning masks cost no weight bits
+
+
+def test_cli_report_of_two_checkpoints_writes_the_comparison(
+        checkpoints: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fxforge report A B`` (in process): the page flags the pruned layers and shows both accuracies given."""
+    from fxforge.cli.app import main
+
+    pa, pb = checkpoints
+    out = tmp_path / "cmp.html"
+    assert main(["report", str(pa), str(pb), "-o", str(out), "--accuracy", "0.91", "--accuracy", "0.875"]) == 0
+    assert "3 changed layer(s)" in capsys.readouterr().out
+    page = out.read_text()
+    assert sorted(re.findall(r"data-path='([^']+)'", page)) == sorted(PRUNED)
+    assert "0.9100" in page and "0.8750" in page
+    assert main(["report", str(pa), str(pb), "-o", str(out), "--accuracy", "0.9"]) == 1
+    assert "--accuracy takes two values" in capsys.readouterr().err
