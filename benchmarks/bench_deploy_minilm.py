@@ -32,6 +32,7 @@ import copy  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fxforge.benchmarks import deploy_runtimes as rt  # noqa: E402
@@ -66,6 +68,7 @@ class Variant:
     spec: dict[str, Any] = field(default_factory=dict)  # how a runtime worker loads it (runtime_workers.py)
     accuracy: float = float("nan")
     median_ms: dict[str, float] = field(default_factory=dict)
+    samples_ms: dict[str, list[float]] = field(default_factory=dict)  # every timed round, in round order
 
 
 class Log(list[str]):
@@ -219,8 +222,7 @@ def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rou
         for shape, inputs in shapes.items():
             with torch.no_grad():
                 times = interleaved({k: functools.partial(v.run, **inputs) for k, v in variants.items()}, rounds)
-            for k, t in times.medians().items():
-                variants[k].median_ms[shape] = t * 1e3
+            record(variants, shape, times.times)
         return
     files = {shape: str(save_inputs(inputs, work / f"inputs-{shape}.safetensors")) for shape, inputs in shapes.items()}
     workers: dict[str, RuntimeWorker] = {}
@@ -232,11 +234,26 @@ def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rou
             w.wait_ready()
         for shape in shapes:
             times = interleaved({k: functools.partial(w.time, shape) for k, w in workers.items()}, rounds)
-            for k, t in times.medians().items():
-                variants[k].median_ms[shape] = t * 1e3
+            record(variants, shape, times.times)
     finally:
         for w in workers.values():
             w.close()
+
+
+def record(variants: dict[str, Variant], shape: str, seconds: dict[str, list[float]]) -> None:
+    """Keep every round's time (paired comparisons need them) and the median of each variant at ``shape``."""
+    for k, ts in seconds.items():
+        variants[k].samples_ms[shape] = [t * 1e3 for t in ts]
+        variants[k].median_ms[shape] = statistics.median(ts) * 1e3
+
+
+def paired_ratio(num: list[float], den: list[float], resamples: int = 2000) -> tuple[float, float, float]:
+    """Median of the per-round ratios num/den (the rounds are interleaved, so a round's load hits both alike)
+    and its 90% bootstrap interval over rounds (fixed seed: the same samples give the same interval)."""
+    ratios = np.asarray(num) / np.asarray(den)
+    rng = np.random.default_rng(0)
+    boot = np.median(ratios[rng.integers(0, len(ratios), size=(resamples, len(ratios)))], axis=1)
+    return float(np.median(ratios)), float(np.percentile(boot, 5)), float(np.percentile(boot, 95))
 
 
 def report(args: argparse.Namespace, variants: dict[str, Variant], acc: dict[str, float], fp32_bytes: int,
@@ -254,7 +271,8 @@ def report(args: argparse.Namespace, variants: dict[str, Variant], acc: dict[str
         diff = 100 * (v.accuracy - acc[v.reference])
         print(f"{name:<30} {' '.join(cells)} {size} {v.accuracy:>8.3f} {diff:>+6.1f}  {v.reference} "
               f"({acc[v.reference]:.3f})")
-        rows[name] = {"median_ms": v.median_ms, "x_eager": {s: v.median_ms[s] / eager[s] for s in v.median_ms},
+        rows[name] = {"median_ms": v.median_ms, "samples_ms": v.samples_ms,
+                      "x_eager": {s: v.median_ms[s] / eager[s] for s in v.median_ms},
                       "bytes": v.bytes, "x_fp32_bytes": v.bytes / fp32_bytes if v.bytes else None,
                       "accuracy": v.accuracy, "reference": v.reference, "diff_pt": diff, "how": v.how}
     print(f"(accuracy on {n} held-out reviews at {args.length} tokens; d pt: artifact - its fxforge graph; bytes "
@@ -277,8 +295,11 @@ def targets(rows: dict[str, Any], shape: str, length: int) -> dict[str, Any]:
     def le(a: float | None, b: float | None) -> bool | None:
         return None if a is None or b is None else a <= b
 
+    # with every round recorded, "at least as fast" is judged on the paired rounds: not slower beyond noise
+    pair, verdict = paired(rows, shape)
     checks: dict[str, bool | None] = {
-        f"fxforge ONNX int8 {_f(i8)}x <= best ORT own quantizer {_f(best_own)}x": le(i8, best_own),
+        f"fxforge ONNX int8 {_f(i8)}x <= best ORT own quantizer {_f(best_own)}x{pair}":
+            le(i8, best_own) if verdict is None else verdict != "slower",
         f"fxforge ONNX int8 {_f(i8)}x <= {TARGETS['int8_x_eager']}x fp32 eager": le(i8, TARGETS["int8_x_eager"]),
         f"shrunk + int8 {_f(sh)}x <= {TARGETS['shrunk_x_eager']}x": le(sh, TARGETS["shrunk_x_eager"]),
         f"AOTInductor {_f(ao)}x <= {TARGETS['aoti_x_eager']}x": le(ao, TARGETS["aoti_x_eager"])}
@@ -290,6 +311,21 @@ def targets(rows: dict[str, Any], shape: str, length: int) -> dict[str, Any]:
     for what, ok in checks.items():
         print(f"{'missing' if ok is None else 'met    ' if ok else 'NOT met'} {what}")
     return checks
+
+
+def paired(rows: dict[str, Any], shape: str) -> tuple[str, str | None]:
+    """fxforge's fastest int8 artifact over ORT's fastest own quantizer, paired round by round, and the verdict
+    (faster / slower / equal within noise, by the 90% interval); ("", None) when the rounds were not recorded."""
+    def fastest(names: tuple[str, ...]) -> str | None:
+        found = [n for n in names if shape in rows.get(n, {}).get("samples_ms", {})]
+        return min(found, key=lambda n: rows[n]["median_ms"][shape]) if found else None
+
+    mine, theirs = fastest((FXFORGE_INT8, FXFORGE_DYN)), fastest(ORT_OWN)
+    if mine is None or theirs is None:
+        return "", None
+    r, lo, hi = paired_ratio(rows[mine]["samples_ms"][shape], rows[theirs]["samples_ms"][shape])
+    verdict = "faster" if hi < 1 else "slower" if lo > 1 else "equal within noise"
+    return f" ({mine} / {theirs} paired over rounds {r:.3f}, 90% interval {lo:.3f}-{hi:.3f}: {verdict})", verdict
 
 
 def _f(v: float | None) -> str:

@@ -33,8 +33,16 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.mark.slow_deploy  # every artifact built, an AOTInductor compile among them: make test-deploy
 def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, Path], tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from fxforge.benchmarks.bench_deploy_minilm import (AOTI, EAGER, FXFORGE_DYN, FXFORGE_INT8, ORT_OWN, SHRUNK,
-                                                        SHRUNK_DYN, main)
+    from fxforge.benchmarks.bench_deploy_minilm import (
+        AOTI,
+        EAGER,
+        FXFORGE_DYN,
+        FXFORGE_INT8,
+        ORT_OWN,
+        SHRUNK,
+        SHRUNK_DYN,
+        main,
+    )
 
     fp32, best = checkpoints
     keep, out = tmp_path / "artifacts", tmp_path / "r.json"
@@ -73,4 +81,9 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
     # fxforge's fastest int8 artifact (static QDQ or dynamic) against ORT's fastest own quantizer
     i8 = min(rows[n]["x_eager"]["8x"] for n in (FXFORGE_INT8, FXFORGE_DYN))
     own = min(rows[n]["x_eager"]["8x"] for n in ORT_OWN)
-    assert targets[f"fxforge ONNX int8 {i8:.3f}x <= best ORT own quantizer {own:.3f}x"] == (i8 <= own)
+    # judged on the paired rounds (one round here: the one ratio is its own interval)
+    mine = min((FXFORGE_INT8, FXFORGE_DYN), key=lambda n: rows[n]["median_ms"]["8x"])
+    theirs = min(ORT_OWN, key=lambda n: rows[n]["median_ms"]["8x"])
+    ratio = rows[mine]["samples_ms"]["8x"][0] / rows[theirs]["samples_ms"]["8x"][0]
+    [key] = [k for k in targets if k.startswith(f"fxforge ONNX int8 {i8:.3f}x <= best ORT own quantizer {own:.3f}x")]
+    assert f"{mine} / {theirs} paired over rounds {ratio:.3f}" in key and targets[key] == (ratio <= 1)
