@@ -40,6 +40,9 @@ _PASS = frozenset({"gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "to", "
 # shape ops: the same op applied to the labels moves them with the data
 _SHAPE = frozenset({"view", "reshape", "transpose", "permute", "flatten", "unsqueeze", "squeeze", "expand",
                     "split", "split_with_sizes", "chunk", "cat", "t", "unflatten", "movedim", "unbind"})
+# slices: labels move like a shape op's; a class varying along the sliced axis is pinned (its cut would move
+# the slice bounds), checked once every union is known (RoPE's rotate_half slices a head's channels)
+_SLICE = frozenset({"slice", "narrow"})
 _BINARY = frozenset({"add", "sub", "mul", "div", "where", "maximum", "minimum"})
 _NEUTRAL = frozenset({"getattr", "size", "sym_size", "dim", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
                       "bitwise_not", "arange", "ones", "zeros", "new_ones", "full", "_assert", "sym_constrain_range"})
@@ -122,16 +125,15 @@ class _LabelInterpreter(fx.Interpreter):
         super().__init__(gm)
         self.dep = dep
         self.lab: dict[fx.Node, Any] = {}
-        self.deferred: list[tuple[str, torch.Tensor, int]] = []
+        self.deferred: list[tuple[str, torch.Tensor, int, str]] = []
 
     def check_deferred(self) -> None:
         """Pin the classes that vary along an axis where an unprunable operand varies too."""
-        for name, out, d in self.deferred:
+        for name, out, d, why in self.deferred:
             table = torch.tensor([self.dep.find(u) for u in range(len(self.dep.units))] + [-1])
             roots = table[out]  # -1 indexes the trailing -1
             if bool((roots != roots.select(d, 0).unsqueeze(d)).any()):
-                self.dep.pin(out, f"node {name!r}: meets a tensor that is not prunable along dim {d} "
-                                  "(residual stream, LayerNorm or constant)")
+                self.dep.pin(out, f"node {name!r}: {why}")
 
     def run_node(self, n: fx.Node) -> Any:
         value = super().run_node(n)
@@ -192,6 +194,8 @@ class _LabelInterpreter(fx.Interpreter):
             return lab if isinstance(lab, torch.Tensor) and lab.shape == value.shape else self._unknown(n)
         if op in _SHAPE:
             return self._shape(n)
+        if op in _SLICE and isinstance(value, torch.Tensor):
+            return self._slice(n, value)
         if op in _BINARY and isinstance(value, torch.Tensor):
             return self._binary(n, value)
         if op in _NEUTRAL:
@@ -238,6 +242,15 @@ class _LabelInterpreter(fx.Interpreter):
                              "is not callable")
         return n.target(*lab_args, **kwargs)
 
+    def _slice(self, n: fx.Node, value: torch.Tensor) -> Any:
+        src = self._in(n.args[0])
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        if not isinstance(src, torch.Tensor) or not isinstance(dim, int):
+            return self._unknown(n)
+        if tuple(value.shape) != tuple(src.shape):  # a whole-axis slice cuts nothing
+            self.deferred.append((n.name, src, dim, f"slices dim {dim}, along which the groups differ"))
+        return self._shape(n)
+
     def _binary(self, n: fx.Node, value: torch.Tensor) -> torch.Tensor:
         out = torch.full(value.shape, -1, dtype=torch.long)
         args, _ = self.fetch_args_kwargs_from_env(n)
@@ -261,7 +274,8 @@ class _LabelInterpreter(fx.Interpreter):
             varying = [d for d in range(value.dim()) if a.dim() - value.dim() + d >= 0
                        and a.shape[a.dim() - value.dim() + d] > 1]
             for d in varying:  # checked once every union is known (a head may unite its channels later)
-                self.deferred.append((n.name, out, d))
+                self.deferred.append((n.name, out, d, f"meets a tensor that is not prunable along dim {d} "
+                                                      "(residual stream, LayerNorm or constant)"))
         return out
 
     def _sdpa(self, n: fx.Node, value: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from ..rewrite import GraphRewrite
 from .groups import DependencyGraph, GroupError, analyse_dependencies
 from .modules import PrunedLinear, is_masked, layer_weight
 
-__all__ = ["shrink_transform_pass", "ShrinkArgs", "ShrinkInfo"]
+__all__ = ["shrink_transform_pass", "ShrinkArgs", "ShrinkInfo", "resize_literal_sizes"]
 
 _SIZE_OPS = frozenset({"view", "reshape", "expand"})
 _L = TypeVar("_L", bound=nn.Linear)
@@ -123,6 +123,23 @@ def _resize_split(rw: GraphRewrite, node: fx.Node, chunks: tuple[torch.Tensor, .
     rw.set_args(node, (node.args[0], sizes[0], *node.args[2:]))
 
 
+def resize_literal_sizes(rw: GraphRewrite, dep: DependencyGraph, gone: torch.Tensor) -> None:
+    """Rewrite the literal sizes (view / reshape / expand sizes, split sizes) of ``rw``'s graph for the units
+    ``gone`` marks (a bool per unit id, plus a trailing False) taken out of every tensor they label; also
+    used by tensor parallelism, where the units of the other ranks' shards are the ones gone."""
+    for node in list(rw.graph.nodes):
+        lab = dep.labels.get(node.name)
+        if lab is None or node.op not in ("call_function", "call_method"):
+            continue
+        name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+        if isinstance(lab, torch.Tensor):
+            kept = _kept_per_axis(lab, gone, node.name)
+            if name in _SIZE_OPS:
+                _resize_args(rw, node, list(lab.shape), kept)
+        elif name in ("split", "chunk") and all(isinstance(c, torch.Tensor) for c in lab):
+            _resize_split(rw, node, tuple(lab), gone)
+
+
 def _sliced(m: nn.Module, rows: torch.Tensor, cols: torch.Tensor) -> nn.Module:
     if not isinstance(m, nn.Linear) or type(m) not in (nn.Linear, PrunedLinear):
         raise GroupError(f"shrink: layer of type {type(m).__name__} cannot be resized (shrink before LoRA / "
@@ -166,18 +183,7 @@ def shrink_transform_pass(graph: ForgeGraph, args: ShrinkArgs) -> tuple[ForgeGra
     table = torch.tensor([dep.find(u) in removed for u in range(len(dep.units))] + [False])
     heads = {node: (len(per), sum(1 for u in per if dep.find(u) not in removed)) for node, per in dep.heads.items()}
     rw = GraphRewrite(gm)
-    # literal sizes first (labels are those of the unshrunk graph)
-    for node in list(gm.graph.nodes):
-        lab = dep.labels.get(node.name)
-        if lab is None or node.op not in ("call_function", "call_method"):
-            continue
-        name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
-        if isinstance(lab, torch.Tensor):
-            kept = _kept_per_axis(lab, table, node.name)
-            if name in _SIZE_OPS:
-                _resize_args(rw, node, list(lab.shape), kept)
-        elif name in ("split", "chunk") and all(isinstance(c, torch.Tensor) for c in lab):
-            _resize_split(rw, node, tuple(lab), table)
+    resize_literal_sizes(rw, dep, table)  # literal sizes first (labels are those of the unshrunk graph)
     resized: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {}
     paths = {p for p, _ in dep.units} | set(dep.columns)
     for path in sorted(paths):

@@ -1,0 +1,70 @@
+"""The tensor-parallel plan read off a captured graph (no process group): which layers are split column-wise
+and row-wise on tiny BERT, tiny Llama (GQA, gated MLP) and the zoo GPT (fused q/k/v), and the refusal of a
+world size that does not divide a layer's heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_gpt, make_tiny_bert
+from hf_tiny import tiny_hf
+
+from fxforge import ForgeGraph
+from fxforge.distributed.tensor_parallel import TensorParallelError, tensor_parallel_plan
+
+
+@pytest.fixture(scope="module")
+def graphs() -> dict[str, ForgeGraph]:
+    return {"bert": ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval(),
+            "llama": ForgeGraph(tiny_hf("llama"), hf_input_names=["input_ids", "attention_mask"]).eval(),
+            "gpt": ForgeGraph(make_gpt(), example_inputs=(torch.randint(0, 64, (2, 16)),)).eval()}
+
+
+def test_bert_qkv_and_ffn_up_colwise_output_and_down_rowwise(graphs: dict[str, ForgeGraph]) -> None:
+    plan = tensor_parallel_plan(graphs["bert"], 2)
+    layer = "bert.encoder.layer.{}."
+    assert set(plan.colwise) == {layer.format(i) + p for i in (0, 1) for p in
+                                 ("attention.self.query", "attention.self.key", "attention.self.value",
+                                  "intermediate.dense")}
+    assert set(plan.rowwise) == {layer.format(i) + p for i in (0, 1) for p in ("attention.output.dense", "output.dense")}
+    assert [(b.kind, b.groups) for b in plan.blocks] == [("attention", 4)] * 2 + [("ffn", 64)] * 2
+    assert plan.row_order == {} and plan.col_order == {}  # separate q/k/v layers: contiguous shards already
+    # rank 0 keeps heads 0-1 of every attention: rows 0-15 of q/k/v (head size 8), and FFN units 0-31
+    dep = plan.dep
+    for path, rows in ((layer.format(0) + "attention.self.key", 32), (layer.format(1) + "intermediate.dense", 64)):
+        kept = [r for r in range(rows) if not plan.elsewhere[0, dep.unit_of[(path, r)]]]
+        assert kept == list(range(rows // 2))
+
+
+def test_llama_gqa_and_gated_mlp(graphs: dict[str, ForgeGraph]) -> None:
+    plan = tensor_parallel_plan(graphs["llama"], 2)
+    assert set(plan.colwise) == {f"model.layers.{i}.{p}" for i in (0, 1) for p in
+                                 ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+                                  "mlp.up_proj")}
+    assert set(plan.rowwise) == {f"model.layers.{i}.{p}" for i in (0, 1) for p in ("self_attn.o_proj", "mlp.down_proj")}
+    attention = [b for b in plan.blocks if b.kind == "attention"]
+    assert [b.groups for b in attention] == [2, 2]  # 4 query heads share 2 key/value heads
+    with pytest.raises(TensorParallelError, match=r"'scaled_dot_product_attention' \(layers "
+                                                  r"model\.layers\.0\.self_attn\.k_proj.*has 4 heads in 2 key/value "
+                                                  r"groups, which 4 ranks cannot share evenly"):
+        tensor_parallel_plan(graphs["llama"], 4)
+
+
+def test_gpt_fused_qkv_rows_are_reordered_per_rank(graphs: dict[str, ForgeGraph]) -> None:
+    plan = tensor_parallel_plan(graphs["gpt"], 2)
+    assert set(plan.colwise) == {f"blocks.{i}.{p}" for i in (0, 1) for p in ("mixer.c_attn", "mlp.c_fc")}
+    assert set(plan.rowwise) == {f"blocks.{i}.{p}" for i in (0, 1) for p in ("mixer.c_proj", "mlp.c_proj")}
+    # c_attn's rows are [q | k | v] (32 each, 2 heads of 16): rank 0 takes head 0 of each, rank 1 head 1
+    head = [list(range(s, s + 16)) for s in (0, 32, 64, 16, 48, 80)]
+    assert plan.row_order == {f"blocks.{i}.mixer.c_attn": tuple(sum(head, [])) for i in (0, 1)}
+
+
+@pytest.mark.parametrize(("model", "world", "layer"), [
+    ("bert", 3, r"attention 'bert_encoder_layer_0_attention_self_sdpa' \(layers "
+                r"bert\.encoder\.layer\.0\.attention\.self\.key, .*\) has 4 heads, which 3 ranks"),
+    ("gpt", 4, r"attention 'scaled_dot_product_attention' \(layers blocks\.0\.mixer\.c_attn\) has 2 heads, which 4"),
+])
+def test_heads_not_divisible_are_refused_naming_the_layer(graphs: dict[str, ForgeGraph], model: str, world: int,
+                                                          layer: str) -> None:
+    with pytest.raises(TensorParallelError, match=layer + ".*use a world size that divides"):
+        tensor_parallel_plan(graphs[model], world)
