@@ -32,11 +32,13 @@ from .memory.activation_checkpoint import activation_checkpoint_transform_pass
 from .memory.buffer_reuse import buffer_reuse_transform_pass
 from .prune import prune_transform_pass, shrink_transform_pass
 from .quantize import (
+    calculate_avg_bits_module_analysis_pass,
     calibrate_analysis_pass,
     calibrate_transform_pass,
     lower_int8_transform_pass,
     lower_weight_only_transform_pass,
     quantization_report_analysis_pass,
+    quantize_module_transform_pass,
     quantize_transform_pass,
 )
 from .transform.afno_real import afno_real_arithmetic_transform_pass
@@ -77,6 +79,8 @@ __all__ = [
     "load_lora_adapters",
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
+    "quantize_module_transform_pass",
+    "calculate_avg_bits_module_analysis_pass",
     "calibrate_analysis_pass",
     "calibrate_transform_pass",
     "quantization_report_analysis_pass",

@@ -76,6 +76,7 @@ class PassFn(PassRun, Protocol):
     pass_kind: str
     args_type: type[Any]
     spec: PassSpec
+    module_pass: bool
     apply_inplace: PassRun
     __name__: str
     __module__: str
@@ -255,6 +256,7 @@ def forge_pass(
     invalidates: Iterable[str] = (),
     contract: NumericalContract | None = None,
     accepts_module: bool = False,
+    module_pass: bool = False,
     aliases: Iterable[str] = (),
 ):
     """Decorator turning ``fn(graph, args: args_type) -> (graph, info)`` into a registered pass.
@@ -264,6 +266,8 @@ def forge_pass(
     those it makes true (checked after), ``invalidates`` those it may make false; pipelines check a
     whole order against these before running. ``contract`` is a transform's numerical promise.
     ``accepts_module`` lets an analysis pass also take a bare nn.Module (MASE calls some on ``mg.model``).
+    ``module_pass``: the pass takes a plain nn.Module only (MASE's module passes, for models that cannot be
+    captured); a transform then runs on a deep copy of it, or on the module itself through ``apply_inplace``.
     ``aliases``: former public names that :func:`get_pass` still resolves to this pass.
     """
     if kind not in PASS_KINDS:
@@ -289,7 +293,12 @@ def forge_pass(
         def execute(graph: Any, pass_args: Any, inplace: bool) -> tuple[Any, Any]:
             args = build_args(name, args_type, pass_args)  # bad arguments are reported first
             is_graph = isinstance(graph, ForgeGraph)
-            if not is_graph and not (accepts_module and isinstance(graph, nn.Module)):
+            if module_pass and (is_graph or not isinstance(graph, nn.Module)):
+                raise TypeError(f"{name}: expected a plain nn.Module (a module-level pass), got "
+                                f"{type(graph).__name__}; for a ForgeGraph use the graph pass, or pass graph.model")
+            if module_pass and kind == "transform" and not inplace:
+                graph = copy.deepcopy(graph)  # the rule: a transform never changes its input
+            if not is_graph and not ((accepts_module or module_pass) and isinstance(graph, nn.Module)):
                 raise TypeError(f"{name}: expected a ForgeGraph, got {type(graph).__name__}")
             if is_graph:
                 errors = requirement_errors(spec, lambda p: holds(p, graph), PASSES)
@@ -300,7 +309,7 @@ def forge_pass(
             before = graph_state(graph) if is_graph and kind == "transform" else None
             try:
                 out, result = fn(graph, args)
-                if kind == "transform":
+                if kind == "transform" and is_graph:
                     out.recompile()
             except (PassError, PassArgsError):
                 raise
@@ -334,6 +343,7 @@ def forge_pass(
         registered.pass_kind = kind
         registered.args_type = args_type
         registered.spec = spec
+        registered.module_pass = module_pass
         PASSES[name] = registered
         PASS_ALIASES.update(dict.fromkeys(aliases, name))
         return registered

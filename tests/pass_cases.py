@@ -53,6 +53,7 @@ CASES: dict[str, PassCase] = {
     "insert_lora_adapter_transform_pass": PassCase(lambda d: {"rank": 2}),
     "fuse_lora_weights_transform_pass": PassCase(_none, (_LORA,)),
     "quantize_transform_pass": PassCase(lambda d: FIXED_LINEAR),
+    "calculate_avg_bits_module_analysis_pass": PassCase(_none, (("quantize_transform_pass", lambda d: FIXED_LINEAR),)),
     "calibrate_transform_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8,)),
     "quantization_report_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8, _CALIBRATE)),
     "lower_int8_transform_pass": PassCase(_none, (_QUANTIZE_INT8, _CALIBRATE)),
@@ -99,6 +100,7 @@ def run_case(graph: ForgeGraph, name: str, data: list[dict[str, torch.Tensor]],
 
 
 def registered(kind: str | None = None) -> list[str]:
-    """fxforge's registered pass names (of one kind), sorted; passes that tests register are left out."""
+    """fxforge's registered graph pass names (of one kind), sorted; passes that tests register, and module passes
+    (they take a plain nn.Module: tests/passes/test_quant_module.py), are left out."""
     return sorted(n for n, fn in PASSES.items() if (kind is None or fn.pass_kind == kind)  # type: ignore[attr-defined]
-                  and fn.__module__.startswith("fxforge."))
+                  and fn.__module__.startswith("fxforge.") and not fn.module_pass)

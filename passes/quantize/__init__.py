@@ -7,6 +7,7 @@ from .config import OpQuantConfig, QuantizeConfig, QuantizeConfigError, RoleSpec
 from .formats import FORMATS, ROLES
 from .lower import Int8Linear, lower_int8_transform_pass
 from .lower_weight_only import lower_weight_only_transform_pass
+from .module_pass import calculate_avg_bits_module_analysis_pass, quantize_module_transform_pass
 from .modules import QuantizedConv1d, QuantizedConv2d, QuantizedLayerNorm, QuantizedLinear
 from .packing import NotPackable, pack_layer_weight, pack_weight  # registers the packed-tensor codecs
 from .quantizer import Quantize
@@ -40,10 +41,12 @@ __all__ = [
     "WeightOnlyInt8Linear",
     "calibrate_analysis_pass",
     "calibrate_transform_pass",
+    "calculate_avg_bits_module_analysis_pass",
     "lower_int8_transform_pass",
     "lower_weight_only_transform_pass",
     "pack_layer_weight",
     "pack_weight",
     "quantization_report_analysis_pass",
+    "quantize_module_transform_pass",
     "quantize_transform_pass",
 ]

@@ -20,19 +20,15 @@ Each quantized node gets a :class:`QuantizationRecord` in its software metadata.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
-from ...graph.ir import module_op_name
 from ...graph.metadata import dtype_from_name, get_meta, has_meta
-from ...graph.modules import ScaledDotProductAttention
 from ..base import PassArgsError, forge_pass
 from ..contract import NumericalContract, PassInfo
 from ..propagate import init_node
@@ -40,7 +36,7 @@ from ..rewrite import GraphRewrite, inject_modules
 from ..select import node_identity
 from .attention import QuantizedSDPA
 from .config import FFT_OPS, QUANTIZABLE_OPS, OpQuantConfig, QuantizeConfig
-from .modules import QUANTIZED_LAYERS, build_quantized_layer, layer_roles
+from .layer_swap import SDPA, LayerSwap, layer_quantizer_paths, plan_layer_swap, sdpa_configs
 from .params import from_parameter
 from .quantizer import Quantize
 from .records import QuantizationRecord
@@ -49,9 +45,7 @@ from .state import quantizers as all_quantizers
 __all__ = ["quantize_transform_pass", "QuantizeInfo", "CONTAINER"]
 
 CONTAINER = "fxforge_quant"  # submodule holding the quantizers inserted around function nodes
-SDPA = "scaled_dot_product_attention"
 _CALLS = ("call_module", "call_function", "call_method")
-_LAYER_OPS = ("linear", "conv1d", "conv2d", "layer_norm", "embedding")
 
 # op -> [(arg index, role, channel_axis, block_axis)] for function-like nodes.
 _ARG_ROLES: dict[str, list[tuple[int, str, int, int]]] = {
@@ -123,7 +117,7 @@ class _Rewriter:
         self.mg = graph
         self.gm = graph.model
         self.rw = rw
-        self.swaps: dict[str, Callable[[nn.Module], nn.Module]] = {}
+        self.swaps: dict[str, LayerSwap] = {}
 
     @property
     def inserted(self) -> int:
@@ -177,14 +171,6 @@ class _Rewriter:
                                (bound["query"], bound["key"], bound["value"], bound.get("attn_mask")), module=module)
 
 
-def _sdpa_module(mm: OpQuantConfig | None, sm: OpQuantConfig | None) -> Callable[[nn.Module], nn.Module]:
-    def build(m: nn.Module) -> nn.Module:
-        assert isinstance(m, ScaledDotProductAttention)
-        new = QuantizedSDPA(m.dropout_p, m.is_causal, m.scale, m.enable_gqa, mm, sm)
-        return new.train(m.training)
-    return build
-
-
 def _constant(node: fx.Node, key: str, value: Any) -> float | None:
     """An SDPA argument a quantized attention holds as a constant (dropout_p, scale): a number or None;
     ValueError naming the node and the way out for one computed at run time."""
@@ -194,12 +180,6 @@ def _constant(node: fx.Node, key: str, value: Any) -> float | None:
     raise ValueError(f"node {node.name!r} (scaled_dot_product_attention): its {key!r} is computed at run time "
                      f"({computed}), and a quantized attention holds it as a constant; exclude it with "
                      f"by='name'/'regex' or a name entry with name None, or capture with a constant {key}")
-
-
-def _quantize_wrapped(module: nn.Module, attr: str, cfg: OpQuantConfig) -> nn.Module:
-    """Quantize the layer a wrapper (LoraLinear's ``base``) holds; the wrapper stays."""
-    setattr(module, attr, build_quantized_layer(getattr(module, attr), cfg))
-    return module
 
 
 def _record(node: fx.Node, op: str, fmt: str, config: dict[str, Any], rule: str | None,
@@ -240,7 +220,7 @@ def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[Fo
             init_node(node, gm)
     used_keys: set[str] = set()
     by_op: dict[str, int] = {}
-    pending_records: list[tuple[str, str, str, dict[str, Any], str | None, dict[str, str]]] = []
+    pending: list[tuple[str, str]] = []  # (node name, module path) of swapped layers, recorded after the swap
     float_adapters: list[str] = []
 
     with GraphRewrite(gm) as grw:
@@ -249,52 +229,33 @@ def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[Fo
             if node.op not in _CALLS:
                 continue
             name, module, op = node_identity(node, gm)
+            if node.op == "call_module" and module is not None:
+                handled, rules, swap = plan_layer_swap(name, module, op, args, f"node {node.name!r} ({name})")
+                used_keys.update(rules)
+                if swap is not None:
+                    rw.swaps[name] = swap
+                    pending.append((node.name, name))
+                    by_op[swap.op] = by_op.get(swap.op, 0) + 1
+                    if swap.wrapped is not None:
+                        float_adapters.append(name)
+                if handled:
+                    continue
             if op == SDPA:
-                if args.by == "type":
-                    k1, mm = args.rule_for(name, "matmul", module)
-                    k2, sm = args.rule_for(name, "softmax", module)
-                    rule = k1 or k2
-                else:
-                    rule, mm = args.rule_for(name, op, module)
-                    sm = mm
-                if rule is not None:
-                    used_keys.add(rule)
+                rules, rule, mm, sm = sdpa_configs(args, name, module)
+                used_keys.update(rules)
                 first = mm if mm is not None else sm
                 if first is None:
                     continue
-                config = {"matmul": mm.to_json() if mm else None, "softmax": sm.to_json() if sm else None}
-                fmt = first.format
-                if node.op == "call_module" and isinstance(module, ScaledDotProductAttention):
-                    rw.swaps[name] = _sdpa_module(mm, sm)
-                    pending_records.append((node.name, op, fmt, config, rule, {"module": name}))
-                elif node.op == "call_function":
-                    new = rw.sdpa_function(node, mm, sm)
-                    sdpa = gm.get_submodule(str(new.target))
-                    assert isinstance(sdpa, QuantizedSDPA)
-                    _record(new, op, fmt, config, rule, {s: f"{new.target}.{s}_quantizer" for s in sdpa.quantizers()})
-                else:
+                if node.op != "call_function":
                     raise ValueError(f"node {node.name!r}: cannot quantize attention implemented by "
                                      f"{type(module).__name__}")
+                config = {"matmul": mm.to_json() if mm else None, "softmax": sm.to_json() if sm else None}
+                new = rw.sdpa_function(node, mm, sm)
+                sdpa = gm.get_submodule(str(new.target))
+                assert isinstance(sdpa, QuantizedSDPA)
+                slots = {s: f"{new.target}.{s}_quantizer" for s in sdpa.quantizers()}
+                _record(new, op, first.format, config, rule, slots)
                 by_op[op] = by_op.get(op, 0) + 1
-                continue
-            wrapped = getattr(type(module), "fxforge_wraps", None) if node.op == "call_module" else None
-            if wrapped is not None:  # e.g. LoraLinear: quantize the layer it wraps, the adapter stays float
-                inner = getattr(module, wrapped)
-                inner_op = module_op_name(inner)
-                rule, cfg = args.rule_for(name, inner_op, inner)
-                used_keys.update([rule] if rule is not None else [])
-                if cfg is None or inner_op not in _LAYER_OPS:
-                    continue
-                if type(inner) not in QUANTIZED_LAYERS:
-                    raise ValueError(f"node {node.name!r} ({name}): cannot quantize the {type(inner).__name__} "
-                                     f"wrapped by {type(module).__name__}; quantizable: "
-                                     f"{[c.__name__ for c in QUANTIZED_LAYERS]}")
-                rw.swaps[name] = functools.partial(_quantize_wrapped, attr=wrapped, cfg=cfg)
-                paths = {r: f"{name}.{wrapped}.{r}_quantizer" for r in cfg.role_names
-                         if not (r == "bias" and getattr(inner, "bias", None) is None)}
-                pending_records.append((node.name, inner_op, cfg.format, cfg.to_json(), rule, paths))
-                by_op[inner_op] = by_op.get(inner_op, 0) + 1
-                float_adapters.append(name)
                 continue
             if op not in QUANTIZABLE_OPS:
                 continue
@@ -302,18 +263,6 @@ def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[Fo
             if rule is not None:
                 used_keys.add(rule)
             if cfg is None:
-                continue
-            if node.op == "call_module" and op in _LAYER_OPS:
-                assert module is not None
-                if type(module) not in QUANTIZED_LAYERS:
-                    raise ValueError(f"node {node.name!r} ({name}): cannot quantize a {type(module).__name__} as "
-                                     f"{op!r}; quantizable layers: {[c.__name__ for c in QUANTIZED_LAYERS]}. "
-                                     "Exclude it with by='name'/'regex' or a name entry with name None")
-                rw.swaps[name] = functools.partial(build_quantized_layer, quant=cfg)
-                paths = {r: f"{name}.{r}_quantizer" for r in cfg.role_names if r in layer_roles(module)
-                         and not (r == "bias" and getattr(module, "bias", None) is None)}
-                pending_records.append((node.name, op, cfg.format, cfg.to_json(), rule, paths))
-                by_op[op] = by_op.get(op, 0) + 1
                 continue
             quantizers = rw.wrap_function(node, op, cfg)
             if quantizers:
@@ -329,15 +278,12 @@ def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[Fo
                                 f"node; quantizable nodes include {sample}")
     if rw.swaps:
         inject_modules(gm, {"predicate": lambda n, m, op: n in rw.swaps}, None,
-                       lambda n, m: rw.swaps[n](m), what="quantizable layer")
+                       lambda n, m: rw.swaps[n].build(m), what="quantizable layer")
     nodes = {n.name: n for n in gm.graph.nodes}
-    for node_name, op, fmt, config, rule, quantizers in pending_records:
-        node = nodes[node_name]
-        if "module" in quantizers:  # SDPA module: list its slots
-            sdpa = gm.get_submodule(str(node.target))
-            assert isinstance(sdpa, QuantizedSDPA)
-            quantizers = {s: f"{node.target}.{s}_quantizer" for s in sdpa.quantizers()}
-        _record(node, op, fmt, config, rule, quantizers)
+    for node_name, path in pending:
+        swap = rw.swaps[path]
+        paths = layer_quantizer_paths(path, swap, gm.get_submodule(path))
+        _record(nodes[node_name], swap.op, swap.format, swap.config, swap.rule, paths)
     return graph, QuantizeInfo(quantized_nodes=sum(by_op.values()), by_op=by_op,
                                inserted_quantizer_nodes=rw.inserted, quantizers=len(all_quantizers(gm)),
                                float_adapters=float_adapters)
