@@ -55,7 +55,8 @@ def report(
     = None,
     accuracy: Annotated[list[float] | None, typer.Option(
         "--accuracy", help="With AFTER: the measured accuracy of CKPT, then of AFTER (give it twice).")] = None,
-    search: Annotated[Path | None, typer.Option(help="Search results JSON (fxforge search --results) to plot.")]
+    search: Annotated[Path | None, typer.Option(
+        help="Search results JSON (fxforge search --results) to plot; its interactive page goes to OUT-search.html.")]
     = None,
     deploy: Annotated[list[Path] | None, typer.Option(
         "--deploy", help="A deploy directory (fxforge deploy) whose artifact and check to show; repeatable.")]
@@ -79,6 +80,11 @@ def report(
     mg = ensure_metadata(ForgeGraph.from_checkpoint(_checkpoint(ckpt)))
     path = write_report(mg, out, title=f"fxforge report: {ckpt.name}", search_results=results, deploy=artifacts)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
+    if results is not None:  # the interactive search page beside it (plotly inlined: ~5 MB, so not in the report)
+        from ..report.search_pages import write_search_page
+
+        page = write_search_page(results, out.with_name(f"{out.stem}-search.html"), title=f"fxforge search: {search}")
+        typer.echo(f"wrote {page} ({page.stat().st_size / 1e3:.0f} kB)")
 
 
 def _compare(before: Path, after: Path, out: Path, accuracy: list[float]) -> None:
