@@ -47,6 +47,7 @@ from .transform.fuse_kernels import fuse_kernels_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
 from .transform.mask_free import mask_free_activations_transform_pass
 from .transform.remove_dropout import remove_dropout_transform_pass
+from .transform.split_stages import split_stages_transform_pass
 
 __all__ = [
     "PASSES",
@@ -69,6 +70,7 @@ __all__ = [
     "get_pass",
     "init_metadata_analysis_pass",
     "remove_dropout_transform_pass",
+    "split_stages_transform_pass",
     "report_graph_analysis_pass",
     "sensitivity_analysis_pass",
     "report_trainable_parameters_analysis_pass",
