@@ -5,9 +5,21 @@ from .analysis.count_op import count_op_analysis_pass
 from .analysis.liveness import liveness_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from .analysis.profile import profile_analysis_pass
+from .analysis.profile_statistics import profile_statistics_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
+from .analysis.report_node import (
+    report_node_meta_param_analysis_pass,
+    report_node_shape_analysis_pass,
+    report_node_type_analysis_pass,
+)
 from .analysis.sensitivity import sensitivity_analysis_pass
+from .analysis.software_metadata import add_software_metadata_analysis_pass
 from .analysis.trainable_params import report_trainable_parameters_analysis_pass
+from .analysis.verify_metadata import (
+    verify_common_metadata_analysis_pass,
+    verify_metadata_analysis_pass,
+    verify_software_metadata_analysis_pass,
+)
 from .base import PASS_ALIASES, PASSES, PassArgsError, PassError, forge_pass, get_pass
 from .compiler import (
     batch_matmuls_transform_pass,
@@ -102,4 +114,12 @@ __all__ = [
     "optimize_graph_pipeline",
     "activation_checkpoint_transform_pass",
     "buffer_reuse_transform_pass",
+    "add_software_metadata_analysis_pass",
+    "profile_statistics_analysis_pass",
+    "report_node_meta_param_analysis_pass",
+    "report_node_shape_analysis_pass",
+    "report_node_type_analysis_pass",
+    "verify_common_metadata_analysis_pass",
+    "verify_metadata_analysis_pass",
+    "verify_software_metadata_analysis_pass",
 ]
