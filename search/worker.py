@@ -17,11 +17,18 @@ from .config import CONFIG_ATTR, search_from_config
 from .errors import SearchError
 from .storage import StorageSpec, open_storage
 
-__all__ = ["worker"]
+__all__ = ["study_config", "worker"]
 
 
 def worker(study_name: str, storage: str, **overrides: Any) -> Any:
     """Run trials of the existing study ``study_name`` at ``storage``; returns its SearchResult."""
+    search = search_from_config(study_config(study_name, storage), storage=storage, study_name=study_name,
+                                resume=True, allow_outside_root=True, **overrides)  # its run_dir was its creator's
+    return search.run()
+
+
+def study_config(study_name: str, storage: str) -> dict[str, Any]:
+    """The config stored in the shared study ``study_name`` by whoever created it (what a worker rebuilds)."""
     from pathlib import Path
 
     spec = StorageSpec(storage)
@@ -37,6 +44,4 @@ def worker(study_name: str, storage: str, **overrides: Any) -> Any:
     if config is None:
         raise SearchError(f"study {study_name!r} was not created from a config, so a worker cannot rebuild it; "
                           "call Search(...).run() with the same arguments and resume=True instead")
-    search = search_from_config(json.loads(config), storage=storage, study_name=study_name, resume=True,
-                                allow_outside_root=True, **overrides)  # its run_dir was its creator's; unused here
-    return search.run()
+    return dict(json.loads(config))
