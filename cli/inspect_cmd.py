@@ -18,7 +18,7 @@ from ..graph.metadata import has_meta
 from ..graph.static_dims import input_dims
 from ..passes.analysis.table import format_table, terminal_width
 
-__all__ = ["deploy_summary", "dims_lines", "ensure_metadata", "summary"]
+__all__ = ["deploy_summary", "dims_lines", "ensure_metadata", "mase_names_table", "summary"]
 
 
 def ensure_metadata(mg: ForgeGraph) -> ForgeGraph:
@@ -84,3 +84,12 @@ def deploy_summary(directory: Path) -> str:
     from .deploy_view import manifest_lines
 
     return "\n".join(manifest_lines(read_manifest(directory), directory, terminal_width()))
+
+
+def mase_names_table() -> str:
+    """``--mase-names``: every MASE name, its fxforge name and status, from the table get_pass reads (complete
+    rows: notes are not cut to the terminal)."""
+    from ..passes import mase_names
+
+    head = f"MASE names (DeepWok/mase@{mase_names.MASE_COMMIT[:12]}) -> fxforge; see {mase_names.GUIDE}"
+    return head + "\n\n" + format_table(mase_names.rows(), ["mase", "short", "fxforge", "status", "note"])

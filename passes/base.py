@@ -352,8 +352,13 @@ def forge_pass(
 
 
 def get_pass(name: str) -> PassFn:
-    """A registered pass by name (or former name); KeyError listing the registered ones."""
+    """A registered pass by name, former name or MASE name (passes/mase_names.py); KeyError listing the
+    registered ones, or naming the closest fxforge pass for a MASE name fxforge does not provide."""
     name = PASS_ALIASES.get(name, name)
+    if name not in PASSES:
+        from .mase_names import mase_pass_name  # the table reads PASSES: imported when first needed
+
+        name = mase_pass_name(name) or name
     if name not in PASSES:
         raise KeyError(f"no pass named {name!r}; registered: {sorted(PASSES)}")
     return PASSES[name]

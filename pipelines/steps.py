@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from ..passes.base import PASS_ALIASES, PASSES, PassArgsError, PassFn, build_args
 from ..passes.contract import EmptyInfo, NumericalContract, PassInfo, PassSpec
+from ..passes.mase_names import MaseNameRefused, mase_pass_name
 
 __all__ = ["ACTIONS", "PipelineError", "Step", "make_step", "pass_spec", "resolve_pass"]
 
@@ -109,6 +110,11 @@ def resolve_pass(name_or_fn: str | Callable[..., Any]) -> tuple[str, PassFn]:
     if name_or_fn in ACTIONS:
         return name_or_fn, ACTIONS[name_or_fn]
     name_or_fn = PASS_ALIASES.get(name_or_fn, name_or_fn)  # a pass's former public name
+    if name_or_fn not in PASSES:
+        try:
+            name_or_fn = mase_pass_name(name_or_fn) or name_or_fn  # MASE's short or full name
+        except MaseNameRefused as exc:
+            raise PipelineError(str(exc)) from None
     if name_or_fn not in PASSES:
         known = sorted(PASSES) + sorted(ACTIONS)
         close = difflib.get_close_matches(name_or_fn, known, n=3, cutoff=0.5)
