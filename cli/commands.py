@@ -5,6 +5,7 @@ command exits 1 saying so, instead of pretending to work.
 """
 
 import importlib
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -107,6 +108,11 @@ def search(
              "or a tracking server http(s)://HOST:PORT (the config's `mlflow = true`: run_dir/mlflow).")] = None,
     output_root: OutputRoot = None,
     allow_outside_root: AllowOutside = False,
+    ddp: Annotated[int | None, typer.Option(
+        help="Train each trial data-parallel on N local processes (DDP; gloo on CPU): rank 0 alone talks to the "
+             "study. Under torchrun, join its job instead.")] = None,
+    ddp_timeout: Annotated[float, typer.Option(
+        help="Seconds a distributed trial waits for a silent rank before failing (with --ddp).")] = 1800.0,
 ) -> None:
     """Run the search CONFIG.toml describes, or join a study as a worker: `search worker --storage`.
 
@@ -120,23 +126,34 @@ def search(
                                                    ("resume", resume), ("mlflow", mlflow)) if v is not None}
     if results is not None:  # an unwritable results file is refused now, not after the whole search ran
         _feature("fxforge.search.paths", "check_writable_file", "searches")(results, "--results")
+    options = None if ddp is None else _feature("fxforge.distributed.ddp", "DDPOptions", "distributed trials")(
+        nproc=ddp, timeout=ddp_timeout)
     if config == "worker":
         if storage is None or study is None:
             raise CliError("a worker needs --storage postgresql://… (or sqlite:///…) and --study NAME")
         worker = _feature("fxforge.search", "worker", "searches")
         overrides.pop("storage")
         overrides.pop("resume", None)
-        result = worker(study, storage, **overrides)
+        if options is not None:
+            result = _feature("fxforge.search.ddp_trial", "ddp_worker", "distributed trials")(study, storage, options,
+                                                                                              **overrides)
+        else:
+            result = worker(study, storage, **overrides)
     else:
         doc = _read_toml(Path(config), "search config")
         from_config = _feature("fxforge.search", "search_from_config", "searches")
         if study is not None:
             overrides["study_name"] = study
+        if options is not None:  # builds the search here first (a bad config refused), then runs it on N ranks
+            from_config = partial(_feature("fxforge.search.ddp_trial", "ddp_config", "distributed trials"),
+                                  options=options)
         try:
             built = from_config(doc, output_root=output_root, allow_outside_root=allow_outside_root, **overrides)
         except ValueError as exc:  # SearchError: a section or key of this file; name the file too
             raise CliError(f"{config}: {exc}") from None
-        result = built.run()
+        result = built.run() if options is None else built
+    if result is None:  # a rank other than 0 of a torchrun job: rank 0 reports
+        return
     typer.echo(result.table())
     if results is not None:
         result.to_json(results)

@@ -34,7 +34,8 @@ from .runner import PLAN_ATTR, Search, apply_steps, plan_pipelines
 if TYPE_CHECKING:
     from .results import SearchResult
 
-__all__ = ["DDP_ATTR", "ConfigSearch", "ObjectGroup", "RankStopped", "StudySearch", "TrialChannel", "ddp_search"]
+__all__ = ["DDP_ATTR", "ConfigSearch", "ObjectGroup", "RankStopped", "StudySearch", "TrialChannel", "ddp_config",
+           "ddp_search", "ddp_worker"]
 
 DDP_ATTR = "fxforge_ddp"  # per trial: world size and what each rank trained on
 
@@ -226,8 +227,26 @@ def ddp_search(make_search: Callable[[], Search], options: DDPOptions | None = N
         import torch.distributed as dist
 
         return _result(make_search()) if dist.get_rank() == 0 else None
+    search = make_search()  # built here first: a search no rank could run is refused before any process starts
+    _check_search(search)
     launch(run_rank, (make_search, options), options)
-    return _result(make_search())
+    return _result(search)
+
+
+def ddp_config(config: dict[str, Any], options: DDPOptions, **kwargs: Any) -> SearchResult | None:
+    """``fxforge search CONFIG.toml --ddp N``: the config's search with distributed trials (``kwargs`` as for
+    :func:`~fxforge.search.config.search_from_config`)."""
+    return ddp_search(ConfigSearch(dict(config), kwargs), options)
+
+
+def ddp_worker(study_name: str, storage: str, options: DDPOptions, **overrides: Any) -> SearchResult | None:
+    """``fxforge search worker --storage URL --study NAME --ddp N``: one more worker of a shared study whose
+    trials each train data-parallel on N ranks."""
+    from .storage import StorageSpec
+
+    if StorageSpec(storage).kind == "journal":
+        raise SearchError("workers share a study through a database: pass storage='postgresql://…' (or sqlite:///…)")
+    return ddp_search(StudySearch(study_name, storage, dict(overrides)), options)
 
 
 def _result(search: Search) -> SearchResult:

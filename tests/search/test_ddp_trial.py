@@ -178,6 +178,17 @@ def test_ddp_refuses_what_it_cannot_run() -> None:
         DDPTask(OwnTraining({"x": x}, torch.zeros(4, dtype=torch.long)), 0, 2, 10.0)
 
 
+def test_cli_ddp_settings_are_refused_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fxforge search ... --ddp N``: a rank count no job could run, and a worker on a journal file (one writer),
+    are one-line errors before any process starts."""
+    from fxforge.cli.app import main
+
+    assert main(["search", str(tmp_path / "absent.toml"), "--ddp", "0"]) == 1
+    assert "ddp nproc must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert main(["search", "worker", "--storage", str(tmp_path / "s.journal"), "--study", "x", "--ddp", "2"]) == 1
+    assert "workers share a study through a database" in capsys.readouterr().err
+
+
 # -- 2-rank launches -----------------------------------------------------------------------------------------
 def _launch(tmp: Path, run_dir: Path, steps: int, n_trials: int, restarts: int) -> subprocess.Popen:
     script = tmp / "ddp_search.py"
