@@ -54,6 +54,7 @@ from .quantize import (
     quantize_transform_pass,
 )
 from .transform.afno_real import afno_real_arithmetic_transform_pass
+from .transform.conv_bn_fusion import conv_bn_fusion_transform_pass
 from .transform.freeze import freeze_transform_pass, unfreeze_transform_pass
 from .transform.fuse_kernels import fuse_kernels_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
@@ -94,6 +95,7 @@ __all__ = [
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
     "quantize_module_transform_pass",
+    "conv_bn_fusion_transform_pass",
     "calculate_avg_bits_module_analysis_pass",
     "calibrate_analysis_pass",
     "calibrate_transform_pass",

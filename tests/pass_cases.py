@@ -67,6 +67,7 @@ CASES: dict[str, PassCase] = {
     "prune_transform_pass": PassCase(lambda d: {"weight": {"sparsity": 0.02}}),
     "shrink_transform_pass": PassCase(_none, (("prune_transform_pass", lambda d: {  # 1 FFN unit per layer
         "weight": {"sparsity": 0.02, "granularity": "ffn"}}),)),
+    "conv_bn_fusion_transform_pass": PassCase(_none),
     "cse_transform_pass": PassCase(_none),
     "dce_transform_pass": PassCase(_none),
     "hoist_parameter_subgraphs_transform_pass": PassCase(_none),
