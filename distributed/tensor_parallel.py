@@ -28,8 +28,8 @@ from ..passes.prune.groups import DependencyGraph, GroupError, analyse_dependenc
 from ..passes.prune.shrink import resize_literal_sizes
 from ..passes.rewrite import GraphRewrite
 
-__all__ = ["TensorParallelError", "TensorParallelInfo", "TensorParallelPlan", "TPBlock", "tensor_parallel",
-           "tensor_parallel_plan"]
+__all__ = ["TPBlock", "TensorParallelError", "TensorParallelInfo", "TensorParallelPlan", "localize_graph",
+           "tensor_parallel", "tensor_parallel_plan"]
 
 
 class TensorParallelError(ValueError):
@@ -210,6 +210,22 @@ def _reorder(gm: nn.Module, plan: TensorParallelPlan) -> None:
             m.weight.copy_(m.weight[:, torch.tensor(order)])
 
 
+def localize_graph(mg: ForgeGraph, plan: TensorParallelPlan, rank: int) -> ForgeGraph:
+    """Prepare ``mg`` (in place) for ``rank``'s shard: rows / columns reordered so contiguous shards hold whole
+    groups, and the literal sizes between the column- and row-wise layers (head counts, split sizes) those
+    of one rank. The weights stay whole: ``parallelize_module`` cuts them. Metadata keeps the global shapes."""
+    if not 0 <= rank < plan.world_size:
+        raise TensorParallelError(f"tensor_parallel: rank {rank} is outside the plan's {plan.world_size} ranks")
+    _reorder(mg.model, plan)
+    try:
+        resize_literal_sizes(GraphRewrite(mg.model), plan.dep, plan.elsewhere[rank])
+    except GroupError as exc:
+        raise TensorParallelError(f"tensor_parallel: {exc}") from exc
+    mg.model.graph.lint()
+    mg.recompile()
+    return mg
+
+
 def tensor_parallel(mg: ForgeGraph, mesh: Any = None,
                     plan: TensorParallelPlan | None = None) -> tuple[ForgeGraph, TensorParallelInfo]:
     """Split ``mg`` over the ranks of the 1-D DeviceMesh ``mesh`` (default: every rank of the initialised
@@ -235,13 +251,7 @@ def tensor_parallel(mg: ForgeGraph, mesh: Any = None,
     params_global = sum(p.numel() for p in gm.parameters())
     sharded = [gm.get_submodule(p).weight for p in plan.colwise + plan.rowwise]
     sharded_global = sum(w.numel() for w in sharded)
-    _reorder(gm, plan)
-    try:
-        resize_literal_sizes(GraphRewrite(gm), plan.dep, plan.elsewhere[rank])  # metadata keeps global shapes
-    except GroupError as exc:
-        raise TensorParallelError(f"tensor_parallel: {exc}") from exc
-    gm.graph.lint()
-    mg.recompile()
+    localize_graph(mg, plan, rank)
     styles: dict[str, Any] = {p: ColwiseParallel() for p in plan.colwise}
     styles.update({p: RowwiseParallel() for p in plan.rowwise})
     parallelize_module(gm, mesh, styles)

@@ -10,7 +10,7 @@ from conftest import make_gpt, make_tiny_bert
 from hf_tiny import tiny_hf
 
 from fxforge import ForgeGraph
-from fxforge.distributed.tensor_parallel import TensorParallelError, tensor_parallel_plan
+from fxforge.distributed.tensor_parallel import TensorParallelError, localize_graph, tensor_parallel_plan
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,8 @@ def test_bert_qkv_and_ffn_up_colwise_output_and_down_rowwise(graphs: dict[str, F
     assert set(plan.colwise) == {layer.format(i) + p for i in (0, 1) for p in
                                  ("attention.self.query", "attention.self.key", "attention.self.value",
                                   "intermediate.dense")}
-    assert set(plan.rowwise) == {layer.format(i) + p for i in (0, 1) for p in ("attention.output.dense", "output.dense")}
+    assert set(plan.rowwise) == {layer.format(i) + p for i in (0, 1)
+                                 for p in ("attention.output.dense", "output.dense")}
     assert [(b.kind, b.groups) for b in plan.blocks] == [("attention", 4)] * 2 + [("ffn", 64)] * 2
     assert plan.row_order == {} and plan.col_order == {}  # separate q/k/v layers: contiguous shards already
     # rank 0 keeps heads 0-1 of every attention: rows 0-15 of q/k/v (head size 8), and FFN units 0-31
@@ -68,3 +69,28 @@ def test_heads_not_divisible_are_refused_naming_the_layer(graphs: dict[str, Forg
                                                           layer: str) -> None:
     with pytest.raises(TensorParallelError, match=layer + ".*use a world size that divides"):
         tensor_parallel_plan(graphs[model], world)
+
+
+def _sizes(mg: ForgeGraph, name: str) -> list[object]:
+    """The literal (int) arguments of node ``name``; symbolic sizes as None."""
+    node = mg.node(name)
+    flat = [a for arg in node.args[1:] for a in (arg if isinstance(arg, list | tuple) else [arg])]
+    return [a if isinstance(a, int) else None for a in flat]
+
+
+def test_local_graph_has_one_ranks_head_count_and_split(graphs: dict[str, ForgeGraph]) -> None:
+    gpt = graphs["gpt"].copy()
+    weight = gpt.model.get_submodule("blocks.0.mixer.c_attn").weight.detach().clone()
+    assert (_sizes(gpt, "split"), _sizes(gpt, "reshape"), _sizes(gpt, "reshape_3")) == (
+        [32], [None, None, 2, 16], [None, None, 32])
+    localize_graph(gpt, tensor_parallel_plan(gpt, 2), rank=1)
+    assert (_sizes(gpt, "split"), _sizes(gpt, "reshape"), _sizes(gpt, "reshape_3")) == (
+        [16], [None, None, 1, 16], [None, None, 16])  # one head of 16 channels per rank; q, k, v 16 rows each
+    shard = gpt.model.get_submodule("blocks.0.mixer.c_attn").weight[48:]  # rank 1's contiguous rows: head 1
+    assert torch.equal(shard, torch.cat([weight[16:32], weight[48:64], weight[80:96]]))
+    llama = graphs["llama"].copy()
+    expand = next(n.name for n in llama.nodes if n.name.startswith("expand") and len(_sizes(llama, n.name)) == 5)
+    assert _sizes(llama, expand) == [None, 2, 2, None, 8]  # GQA: 2 key/value heads repeated twice
+    localize_graph(llama, tensor_parallel_plan(llama, 2), rank=0)
+    assert _sizes(llama, expand) == [None, 1, 2, None, 8]
+    assert _sizes(llama, llama.node(expand).next.name) == [None, 2, None, 8]  # 2 of the 4 query heads
