@@ -1,9 +1,10 @@
-"""Assemble the self-contained HTML report: inline SVG drawing, sortable tables, PNG plots, no network.
+"""Assemble the self-contained HTML report: the hierarchical graph view, sortable tables, PNG plots, no network.
 
-Everything is in one file (CSS, a few lines of JS, the SVG, base64 PNGs), so it opens offline and can be
-mailed. The inline script sorts a table when its header is clicked and writes any JavaScript error into
-``#js-errors`` (a headless browser test reads that element); ``#selftest`` in the URL sorts the node table
-by op and records whether the result is ordered in ``#selftest``.
+Everything is in one file (CSS, the view's script, its JSON, base64 PNGs), so it opens offline and can be
+mailed. The graph is report/graph_view.py's view (modules collapsible, overlays from metadata); the table has
+one row per module (report/module_table.py). The inline script sorts a table when its header is clicked and
+writes any JavaScript error into ``#js-errors`` (a headless browser test reads that element); ``#selftest`` in
+the URL sorts the module table by node count and records whether the result is ordered in ``#selftest``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ..graph.draw import to_svg
 from ..graph.forge_graph import ForgeGraph
 from .deploy import DeployArtifactRow, deploy_section
+from .graph_view import graph_view_html
+from .hierarchy import build_hierarchy
 from .memory_timeline import memory_timeline
+from .module_table import module_table
 from .plots import format_bytes, memory_timeline_svg, plots_available, search_plots
-from .rows import NodeRow, node_rows, quant_rows
+from .rows import QuantRow, quant_rows
 from .search_json import check_search_results
 
 __all__ = ["build_report", "write_report"]
@@ -56,7 +59,7 @@ JS = r"""
     });
   });
   if (location.hash === '#selftest') {
-    var table = document.getElementById('nodes'), col = 2;
+    var table = document.getElementById('modules'), col = 2;
     sortTable(table, col, false);
     var keys = Array.prototype.map.call(table.tBodies[0].rows, function(r){ return key(r.cells[col]); });
     var ok = keys.every(function(k, i){ return i === 0 || cmp(keys[i - 1], k) <= 0; });
@@ -66,20 +69,11 @@ JS = r"""
 })();
 """
 
-NODE_COLUMNS = ("node", "kind", "op", "target", "in shapes", "out shapes", "dtypes", "precision", "sparsity",
-                "profile", "records")
-
-
 def _table(table_id: str, header: tuple[str, ...] | list[str], rows: list[list[str]], row_class: str) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "\n".join(f'<tr class="{row_class}">' + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>"
                      for r in rows)
     return f'<table id="{table_id}" class="sortable"><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>'
-
-
-def _node_cells(r: NodeRow) -> list[str]:
-    return [r.name, r.kind, r.op, r.target[:60], r.in_shapes, r.out_shapes, r.dtypes, r.precision, r.sparsity,
-            r.profile, r.records]
 
 
 def _history(mg: ForgeGraph) -> str:
@@ -90,8 +84,7 @@ def _history(mg: ForgeGraph) -> str:
     return _table("history", ["#", "pass", "kind", "args"], rows, "history-row")
 
 
-def _quantization(mg: ForgeGraph) -> str:
-    rows, note = quant_rows(mg)
+def _quantization(rows: list[QuantRow], note: str) -> str:
     if not rows:
         return "<p>No quantized nodes.</p>"
     roles = sorted({r for q in rows for r in q.bits})
@@ -139,15 +132,19 @@ def _search(results: Mapping[str, Any] | None) -> str:
 
 
 def build_report(mg: ForgeGraph, title: str = "fxforge report", search_results: Mapping[str, Any] | None = None,
-                 deploy: Sequence[DeployArtifactRow] | None = None) -> str:
+                 deploy: Sequence[DeployArtifactRow] | None = None, sensitivity: Any = None) -> str:
     """The report of ``mg`` as one HTML document (``search_results``: the JSON of SearchResult.to_json,
-    checked field by field first: SearchResultsError; ``deploy``: deploy artifacts and their checks)."""
+    checked field by field first: SearchResultsError; ``deploy``: deploy artifacts and their checks;
+    ``sensitivity``: a SensitivityInfo (or ``{node: loss increase}``) shown as an overlay and a column)."""
     if search_results is not None:
         search_results = check_search_results(search_results)
-    rows = node_rows(mg)
+    quant, quant_note = quant_rows(mg)
+    h = build_hierarchy(mg, sensitivity=sensitivity, sqnr={q.name: q.sqnr_db for q in quant if q.sqnr_db is not None})
+    modules = sum(1 for i in h.items.values() if i.kind == "group")
     params = list(mg.model.parameters())
     total, trainable = sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
-    cards = {"nodes": f"{len(rows)}", "frontend": mg.frontend, "parameters": f"{total:,}",
+    nodes = sum(1 for _ in mg.nodes)
+    cards = {"nodes": f"{nodes}", "frontend": mg.frontend, "parameters": f"{total:,}",
              "trainable": f"{trainable:,}", "passes": str(len(mg.history))}
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     notes = "".join(f"<li>{escape(n)}</li>" for n in mg.capture_notes)
@@ -158,11 +155,12 @@ def build_report(mg: ForgeGraph, title: str = "fxforge report", search_results: 
         '<div class="cards">' + "".join(f"<span>{k}<br><b>{escape(v)}</b></span>" for k, v in cards.items()) + "</div>",
         f"<ul>{notes}</ul>" if notes else "",
         '<pre id="js-errors"></pre><div id="selftest" hidden></div>',
-        "<section><h2>Graph</h2><div class='drawing'>" + to_svg(mg) + "</div></section>",
-        f"<section><h2>Nodes ({len(rows)})</h2><p class='sub'>Click a header to sort.</p>"
-        + _table("nodes", NODE_COLUMNS, [_node_cells(r) for r in rows], "node-row") + "</section>",
+        f"<section><h2>Graph</h2><p class='sub'>{nodes} nodes in {modules} module groups.</p>"
+        + graph_view_html(h, "graph") + "</section>",
+        "<section><h2>Modules</h2><p class='sub'>One row per module that runs code; click a module for its "
+        "nodes, a header to sort.</p>" + module_table(h) + "</section>",
         "<section><h2>Pass history</h2>" + _history(mg) + "</section>",
-        "<section><h2>Quantization</h2>" + _quantization(mg) + "</section>",
+        "<section><h2>Quantization</h2>" + _quantization(quant, quant_note) + "</section>",
         "<section id='memory'><h2>Memory timeline</h2>" + _memory(mg) + "</section>",
         "<section><h2>Search</h2>" + _search(search_results) + "</section>",
         "<section id='deploy'><h2>Deploy</h2>" + deploy_section(deploy) + "</section>",
@@ -172,9 +170,9 @@ def build_report(mg: ForgeGraph, title: str = "fxforge report", search_results: 
 
 def write_report(mg: ForgeGraph, path: str | Path, title: str = "fxforge report",
                  search_results: Mapping[str, Any] | None = None,
-                 deploy: Sequence[DeployArtifactRow] | None = None) -> Path:
+                 deploy: Sequence[DeployArtifactRow] | None = None, sensitivity: Any = None) -> Path:
     """Write :func:`build_report` to ``path`` (parents created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(build_report(mg, title, search_results, deploy), encoding="utf-8")
+    path.write_text(build_report(mg, title, search_results, deploy, sensitivity), encoding="utf-8")
     return path
