@@ -23,7 +23,7 @@ from ..graph.forge_graph import ForgeGraph
 from ..graph.metadata import get_meta, has_meta
 from ..passes.quantize.modules import QuantizedLinear
 from ..passes.quantize.quantizer import Quantize
-from ..passes.select import node_identity
+from ..passes.select import Selector, node_identity
 
 __all__ = ["Fixed", "HwLayer", "HwGraph", "UnsupportedForHardware", "build_hw_graph", "MAX_ACC_WIDTH"]
 
@@ -91,11 +91,12 @@ def _fixed_of(q: Quantize | None, node: str, role: str) -> Fixed | None:
     fmt, params = q.spec.format, dict(q.spec.params)
     if fmt != "integer":
         raise UnsupportedForHardware(
-            f"node {node!r}: its {role} format is {fmt!r} ({params}); the Verilog emitter builds only fixed point "
-            "('integer' with a numeric frac_width): quantize this node to fixed point or leave it out")
+            f"node {node}: its {role} format is {fmt!r} ({params}); the Verilog emitter builds only fixed point "
+            "('integer' with a numeric frac_width): quantize this node to fixed point (quantize_transform_pass) or "
+            "leave it out")
     if not isinstance(params.get("frac_width"), int):
         raise UnsupportedForHardware(
-            f"node {node!r}: its {role} is fixed point with frac_width {params.get('frac_width')!r}; the emitter "
+            f"node {node}: its {role} is fixed point with frac_width {params.get('frac_width')!r}; the emitter "
             "needs one fraction width per tensor known at emit time: give a numeric frac_width")
     return Fixed(int(params["width"]), int(params["frac_width"]))
 
@@ -123,8 +124,9 @@ def add_format(a: Fixed, b: Fixed) -> Fixed:
 class _Builder:
     """Walks the fx graph once, turning each node into hardware layers."""
 
-    def __init__(self, graph: ForgeGraph, parallelism: dict[str, int]) -> None:
+    def __init__(self, graph: ForgeGraph, parallelism: dict[str, int], nodes: Selector | None) -> None:
         self.gm = graph.model
+        self.region = _region(self.gm, nodes) if nodes is not None else None
         ex = graph.example_inputs
         tensors = [*getattr(ex, "args", ()), *getattr(ex, "kwargs", {}).values()]
         self.example = tensors[0] if tensors and isinstance(tensors[0], torch.Tensor) else None
@@ -140,21 +142,21 @@ class _Builder:
 
     def _source(self, arg: Any, node: str) -> str:
         if not isinstance(arg, fx.Node) or arg.name not in self.value:
-            raise UnsupportedForHardware(f"node {node!r}: its input {arg!r} is not a streamed tensor the emitter built")
+            raise UnsupportedForHardware(f"node {node}: its input {arg!r} is not a streamed tensor the emitter built")
         return self.value[arg.name]
 
     def _quantized(self, src: str, q: Fixed | None, name: str, node: str) -> str:
         """``src`` through a quantizer of format ``q`` (the float input takes the format; identity skipped)."""
         if src == "":
             if q is None:
-                raise UnsupportedForHardware(f"node {node!r} takes the float graph input without a fixed-point "
+                raise UnsupportedForHardware(f"node {node} takes the float graph input without a fixed-point "
                                              "quantizer: quantize its data_in to fixed point")
             if "input" not in self.layers:
                 self._add(HwLayer("input", "input", [], q, self.input_size, self._par("data_in_0", self.input_size),
                                   source=self.input_name))
             elif self.layers["input"].fmt != q:
                 raise UnsupportedForHardware(
-                    f"node {node!r} quantizes the graph input to {q}, another consumer to {self.layers['input'].fmt}: "
+                    f"node {node} quantizes the graph input to {q}, another consumer to {self.layers['input'].fmt}: "
                     "the hardware takes one input format; give both quantizers the same width and frac_width")
             return "input"
         if q is None or self.layers[src].fmt == q:
@@ -168,15 +170,22 @@ class _Builder:
             raise UnsupportedForHardware(f"parallelism[{key!r}] = {p} must divide the vector length {size}")
         return p
 
+    def _enter(self, node: fx.Node) -> None:
+        """``node`` is the graph input (or the one value entering the selected region): a float stream."""
+        if self.input_name:
+            raise UnsupportedForHardware(f"graph input {node.name!r}: the emitter streams one input tensor "
+                                         f"(already {self.input_name!r}); select a region with one input")
+        self.input_name = node.name
+        self.input_size = _features(node, self.example if node.op == "placeholder" else None, self.gm)
+        self.value[node.name] = ""
+
     def build(self) -> HwGraph:
+        if self.region is not None:
+            return self._build_region(self.region)
         out: str | None = None
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
-                if self.input_name:
-                    raise UnsupportedForHardware(f"graph input {node.name!r}: the emitter streams one input tensor")
-                self.input_name = node.name
-                self.input_size = _features(node, self.example)
-                self.value[node.name] = ""
+                self._enter(node)
             elif node.op == "output":
                 args = node.args[0]
                 if isinstance(args, tuple | list):
@@ -188,6 +197,23 @@ class _Builder:
                 raise UnsupportedForHardware(f"node {node.name!r}: a constant tensor; only layers are emitted")
             else:
                 self.value[node.name] = self._call(node)
+        return self._finish(out)
+
+    def _build_region(self, region: list[fx.Node]) -> HwGraph:
+        """The selected nodes only: the one value flowing in is the input, the one flowing out the output."""
+        inside = {n.name for n in region}
+        entering = {a.name: a for n in region for a in n.all_input_nodes if a.name not in inside}
+        leaving = [n for n in region if any(u.name not in inside for u in n.users)]
+        if len(entering) != 1 or len(leaving) != 1:
+            raise UnsupportedForHardware(f"the selected region {sorted(inside)} must take exactly one tensor from "
+                                         f"outside (takes {sorted(entering)}) and give exactly one (gives "
+                                         f"{[n.name for n in leaving]})")
+        self._enter(next(iter(entering.values())))
+        for node in region:
+            self.value[node.name] = self._call(node)
+        return self._finish(self.value[leaving[0].name])
+
+    def _finish(self, out: str | None) -> HwGraph:
         if out is None or out == "":
             raise UnsupportedForHardware("the graph's output is its float input: nothing to emit")
         if not any(layer.kind == "linear" for layer in self.layers.values()):
@@ -200,7 +226,7 @@ class _Builder:
 
     def _call(self, node: fx.Node) -> str:
         name, module, op = node_identity(node, self.gm)
-        label = f"{node.name} ({op})"
+        label = f"{node.name!r} ({op})"
         if isinstance(module, Quantize):
             src = self._source(node.args[0], label)
             return self._quantized(src, _fixed_of(module, label, module.role), node.name, label)
@@ -281,8 +307,23 @@ class _Builder:
         return self._add(HwLayer(node.name, "argmax", [src], Fixed(width, 0), 1, 1, source=label))
 
 
-def _features(node: fx.Node, example: torch.Tensor | None) -> int:
-    """The last-dim length of a graph input (capture's example value, its metadata or the example input)."""
+def _region(gm: fx.GraphModule, nodes: Selector) -> list[fx.Node]:
+    """The call nodes ``nodes`` selects, with the quantizer nodes the quantize pass put around them."""
+    calls = [n for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+    chosen = {n.name for n in calls if nodes.matches(*node_identity(n, gm))}
+    if not chosen:
+        raise UnsupportedForHardware(f"the node selector {nodes} selects no node of the graph")
+    for n in calls:
+        module = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        if isinstance(module, Quantize) and (any(a.name in chosen for a in n.all_input_nodes)
+                                             or any(u.name in chosen for u in n.users)):
+            chosen.add(n.name)
+    return [n for n in calls if n.name in chosen]
+
+
+def _features(node: fx.Node, example: torch.Tensor | None, gm: fx.GraphModule) -> int:
+    """The last-dim length of the input stream: capture's example value, the node's metadata, the example
+    input, or the in_features of a Linear it feeds."""
     val = node.meta.get("val", node.meta.get("example_value"))
     shape = getattr(val, "shape", None)
     if shape is None and has_meta(node):
@@ -290,11 +331,22 @@ def _features(node: fx.Node, example: torch.Tensor | None) -> int:
         shape = None if res is None else res.shape
     if shape is None and example is not None:
         shape = tuple(example.shape)
+    if shape is None:
+        for user in node.users:
+            m = gm.get_submodule(str(user.target)) if user.op == "call_module" else None
+            if isinstance(m, QuantizedLinear):
+                return int(m.in_features)
     if shape is None or len(shape) < 1:
         raise UnsupportedForHardware(f"graph input {node.name!r}: its shape is unknown; capture with example inputs")
     return int(shape[-1])
 
 
-def build_hw_graph(graph: ForgeGraph, parallelism: dict[str, int] | None = None) -> HwGraph:
-    """The hardware layers of a fixed-point quantized graph (UnsupportedForHardware names what is not)."""
-    return _Builder(graph, parallelism or {}).build()
+def build_hw_graph(graph: ForgeGraph, parallelism: dict[str, int] | None = None,
+                   nodes: Any = None) -> HwGraph:
+    """The hardware layers of a fixed-point quantized graph (UnsupportedForHardware names what is not).
+
+    ``parallelism``: elements per beat, by Linear node name (its output) and ``data_in_0`` (default 1).
+    ``nodes``: a selector (passes/select.py) of the region to emit; None: the whole graph.
+    """
+    selector = None if nodes is None else Selector.parse(nodes)
+    return _Builder(graph, parallelism or {}, selector).build()

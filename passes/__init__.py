@@ -55,6 +55,7 @@ from .quantize import (
 )
 from .transform.afno_real import afno_real_arithmetic_transform_pass
 from .transform.conv_bn_fusion import conv_bn_fusion_transform_pass
+from .transform.emit_verilog import emit_verilog_transform_pass
 from .transform.freeze import freeze_transform_pass, unfreeze_transform_pass
 from .transform.fuse_kernels import fuse_kernels_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
@@ -106,6 +107,7 @@ __all__ = [
     "shrink_transform_pass",
     "fuse_kernels_transform_pass",
     "afno_real_arithmetic_transform_pass",
+    "emit_verilog_transform_pass",
     "mask_free_activations_transform_pass",
     "cse_transform_pass",
     "dce_transform_pass",

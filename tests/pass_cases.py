@@ -6,6 +6,7 @@ the passes that must run first) when you add the pass.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,10 @@ INT8_LINEAR = {"by": "type", "linear": {"config": {"name": "scaled_integer", "da
                                                    "data_in_dynamic": False, "data_in_symmetric": False,
                                                    "weight_width": 8, "weight_granularity": "per_channel"}}}
 MXINT4_LINEAR = {"by": "type", "linear": {"config": {"name": "mxint", "weight_width": 4, "weight_block_size": 32}}}
+# the tiny BERT's classifier alone in fixed point (input, weight, bias, output): a region the Verilog emitter takes
+FIXED_CLASSIFIER = {"by": "name", "classifier": {"config": {
+    "name": "integer", "data_in_width": 8, "data_in_frac_width": 6, "weight_width": 8, "weight_frac_width": 6,
+    "bias_width": 8, "bias_frac_width": 6, "data_out_width": 8, "data_out_frac_width": 4}}}
 FIXED_LINEAR = {"by": "type", "linear": {"config": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
                                                     "weight_width": 8, "weight_frac_width": 6}}}
 
@@ -78,6 +83,9 @@ CASES: dict[str, PassCase] = {
     "afno_real_arithmetic_transform_pass": PassCase(_none, _SHAPES),
     "mask_free_activations_transform_pass": PassCase(_none),
     "activation_checkpoint_transform_pass": PassCase(lambda d: {"fraction": 0.9}),
+    "emit_verilog_transform_pass": PassCase(
+        lambda d: {"out_dir": tempfile.mkdtemp(prefix="fxforge-emit-"), "nodes": {"name": ["classifier"]}},
+        (("quantize_transform_pass", lambda d: FIXED_CLASSIFIER),)),
     "add_software_metadata_analysis_pass": PassCase(_none, _SHAPES),
     "verify_common_metadata_analysis_pass": PassCase(lambda d: {"raise_on_mismatch": False}, _SHAPES),
     "verify_software_metadata_analysis_pass": PassCase(_none, (("init_metadata_analysis_pass", _none),)),

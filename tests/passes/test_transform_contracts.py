@@ -4,6 +4,7 @@ metadata it leaves equals what the metadata passes compute afresh (the rewrite e
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import bert_inputs, bert_metadata_graph, make_gpt
+from pass_cases import FIXED_CLASSIFIER
 
 from fxforge import ForgeGraph, passes
 from fxforge.graph.metadata import get_meta
@@ -62,6 +64,9 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "fuse_kernels": ("fuse_kernels_transform_pass", {}, [], None),
     "activation_checkpoint": ("activation_checkpoint_transform_pass", {"fraction": 0.9}, [], None),
     "buffer_reuse": ("buffer_reuse_transform_pass", {}, [], None),
+    "emit_verilog": ("emit_verilog_transform_pass", {"out_dir": tempfile.mkdtemp(prefix="fxforge-emit-"),
+                                                     "nodes": {"name": ["classifier"]}},
+                     [("quantize_transform_pass", FIXED_CLASSIFIER)], None),
 }
 # transforms with nothing to rewrite in BERT (no complex products, no ReLU / softshrink): run on the AFNO GPT,
 # whose FFT mixer has both, so the contract is checked on a graph the pass really changes
