@@ -91,11 +91,13 @@ def _compare(before: Path, after: Path, out: Path, accuracy: list[float]) -> Non
     """``fxforge report A B``: the before / after page (report/compare.py)."""
     from ..graph.forge_graph import ForgeGraph
     from ..report.compare import compare_graphs, write_comparison
+    from ..search.objectives import weight_bits
 
     if len(accuracy) not in (0, 2):
         raise CliError(f"--accuracy takes two values (before, then after), got {len(accuracy)}")
     acc = (accuracy[0], accuracy[1]) if accuracy else (None, None)
     a, b = ForgeGraph.from_checkpoint(before), ForgeGraph.from_checkpoint(after)
-    cmp = compare_graphs(a, b, names=(before.name, after.name), checkpoints=(before, after), accuracy=acc)
+    cmp = compare_graphs(a, b, names=(before.name, after.name), checkpoints=(before, after), accuracy=acc,
+                         weight_bits=weight_bits)
     path = write_comparison(cmp, out, title=f"fxforge report: {before.name} -> {after.name}")
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB): {len(cmp.layers)} changed layer(s)")

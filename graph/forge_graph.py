@@ -246,6 +246,12 @@ class ForgeGraph:
 
         return draw_svg(self, path)
 
+    def _repr_html_(self) -> str | None:
+        """Jupyter: the HTML report, framed (the view report/notebook.py registers; None: plain repr)."""
+        from .html_view import html_view
+
+        return html_view(self)
+
     def __repr__(self) -> str:
         n = sum(1 for _ in self.model.graph.nodes)
         return f"ForgeGraph(frontend={self.frontend!r}, nodes={n}, passes={[p.name for p in self.history]})"

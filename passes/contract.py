@@ -188,6 +188,12 @@ class PassInfo:
     def keys(self) -> list[str]:
         return [f.name for f in dataclasses.fields(self)]
 
+    def _repr_html_(self) -> str | None:
+        """Jupyter: a field / value table (the view report/notebook.py registers; None: plain repr)."""
+        from ..graph.html_view import html_view
+
+        return html_view(self)
+
 
 @dataclass(frozen=True)
 class EmptyInfo(PassInfo):

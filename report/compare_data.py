@@ -9,6 +9,7 @@ disk (checkpoints only), profiled latency and accuracy where the caller knows it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from ..graph.metadata import MetaRecord, get_meta, has_meta
 __all__ = ["Comparison", "LayerChange", "SideSummary", "compare_graphs"]
 
 FUSE_LORA = "fuse_lora_weights_transform_pass"
+WeightBits = Callable[[ForgeGraph], float]
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class SideSummary:
     nodes: int
     parameters: int
     nonzero_parameters: int
-    weight_bits: float
+    weight_bits: float | None = None
     bytes_on_disk: int | None = None
     latency_ms: float | None = None
     accuracy: float | None = None
@@ -209,12 +211,21 @@ def _owner(gm: fx.GraphModule, path: str) -> object:
         return getattr(gm.get_submodule(owner) if owner else gm, attr, None)
 
 
-def summarize(mg: ForgeGraph, name: str, checkpoint: str | Path | None = None,
-              accuracy: float | None = None) -> SideSummary:
-    """The summary of one side (``checkpoint``: its directory, for the bytes its weights take on disk)."""
+def _weight_file_bytes(checkpoint: str | Path) -> int:
+    """Bytes of the checkpoint directory's weights file (what search's ``checkpoint_bytes`` measures)."""
+    from ..graph.checkpoint_load import WEIGHTS
+
+    path = Path(checkpoint) / WEIGHTS
+    if not path.is_file():
+        raise ValueError(f"{checkpoint}: no checkpoint weights file {WEIGHTS}")
+    return path.stat().st_size
+
+
+def summarize(mg: ForgeGraph, name: str, checkpoint: str | Path | None = None, accuracy: float | None = None,
+              weight_bits: WeightBits | None = None) -> SideSummary:
+    """The summary of one side (``checkpoint``: its directory, for the bytes its weights take on disk;
+    ``weight_bits``: how to count the graph's weight bits, e.g. fxforge.search.objectives.weight_bits)."""
     from ..passes.analysis.profile import ProfileRecord
-    from ..search.measured import checkpoint_weight_bytes
-    from ..search.objectives import weight_bits
 
     params = list(mg.model.parameters())
     latencies = [rec.latency_ms for n in mg.nodes if has_meta(n)
@@ -222,14 +233,18 @@ def summarize(mg: ForgeGraph, name: str, checkpoint: str | Path | None = None,
     return SideSummary(
         name=name, nodes=sum(1 for _ in mg.nodes), parameters=sum(p.numel() for p in params),
         nonzero_parameters=sum(int(torch.count_nonzero(p.detach())) for p in params),
-        weight_bits=weight_bits(mg), bytes_on_disk=None if checkpoint is None else checkpoint_weight_bytes(checkpoint),
+        weight_bits=None if weight_bits is None else float(weight_bits(mg)),
+        bytes_on_disk=None if checkpoint is None else _weight_file_bytes(checkpoint),
         latency_ms=sum(latencies) if latencies else None, accuracy=accuracy,
         passes=tuple(r.name for r in mg.history))
 
 
 def compare_graphs(a: ForgeGraph, b: ForgeGraph, names: tuple[str, str] = ("before", "after"),
                    checkpoints: tuple[str | Path | None, str | Path | None] = (None, None),
-                   accuracy: tuple[float | None, float | None] = (None, None)) -> Comparison:
-    """Compare ``a`` (before) with ``b`` (after): summaries and the changed layers."""
-    return Comparison(summarize(a, names[0], checkpoints[0], accuracy[0]),
-                      summarize(b, names[1], checkpoints[1], accuracy[1]), tuple(layer_changes(a, b)), (a, b))
+                   accuracy: tuple[float | None, float | None] = (None, None),
+                   weight_bits: WeightBits | None = None) -> Comparison:
+    """Compare ``a`` (before) with ``b`` (after): summaries and the changed layers. ``weight_bits`` counts a
+    graph's weight bits (report/ builds on passes only, so the counter is given: the CLI passes search's)."""
+    return Comparison(summarize(a, names[0], checkpoints[0], accuracy[0], weight_bits),
+                      summarize(b, names[1], checkpoints[1], accuracy[1], weight_bits), tuple(layer_changes(a, b)),
+                      (a, b))

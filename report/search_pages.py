@@ -15,16 +15,28 @@ import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .search_json import check_search_results
 
 if TYPE_CHECKING:
     import optuna
 
-    from ..search.results import SearchResult
 
-__all__ = ["param_importances", "search_page", "study_from_results", "write_search_page"]
+@runtime_checkable
+class SearchResult(Protocol):
+    """What the page reads of fxforge.search.SearchResult (report/ builds on passes only: it never imports search)."""
+
+    study: optuna.Study
+    objectives: list[str]
+    baseline: dict[str, float]
+
+    @property
+    def directions(self) -> list[str]: ...
+
+    def rows(self, trials: Any = None) -> list[dict[str, Any]]: ...
+
+__all__ = ["SearchResult", "param_importances", "search_page", "study_from_results", "write_search_page"]
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}.sub{color:#666}section{margin:1.4em 0}
@@ -213,8 +225,6 @@ def _importance_section(imp: Mapping[str, Mapping[str, float]], note: str) -> tu
 
 
 def _document(source: SearchResult | Mapping[str, Any]) -> tuple[dict[str, Any], optuna.Study]:
-    from ..search.results import SearchResult
-
     if isinstance(source, SearchResult):
         doc = {"study": source.study.study_name, "objectives": source.objectives, "directions": source.directions,
                "baseline": source.baseline, "front": source.rows(), "trials": source.rows(source.study.trials)}

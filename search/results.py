@@ -89,6 +89,12 @@ class SearchResult:
             out.append(row)
         return out
 
+    def _repr_html_(self) -> str | None:
+        """Jupyter: the interactive search page, framed (the view report/notebook.py registers; None: plain repr)."""
+        from ..graph.html_view import html_view
+
+        return html_view(self)
+
     def table(self) -> str:
         """The front as an aligned text table with the baseline on top."""
         header = ["trial", *self.objectives, "feasible"]

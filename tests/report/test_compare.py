@@ -3,6 +3,7 @@ layers are flagged (data level), the summary counts what the graphs hold, and th
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from conftest import bert_metadata_graph
 from fxforge import ForgeGraph
 from fxforge.pipelines import Pipeline
 from fxforge.report.compare import compare_graphs, comparison_html, write_comparison
+from fxforge.search.objectives import weight_bits
 
 PRUNED = ["bert.encoder.layer.0.intermediate.dense", "bert.encoder.layer.1.attention.self.value", "classifier"]
 
@@ -42,7 +44,7 @@ def test_pruning_pipeline_flags_exactly_the_pruned_layers(before_after: tuple[Fo
     assert cmp.a.parameters == cmp.b.parameters  # masks are buffers: the count stays, the non-zeros drop
     dropped = sum(after.model.get_submodule(p).weight.numel() // 2 for p in PRUNED)
     assert cmp.a.nonzero_parameters - cmp.b.nonzero_parameters == dropped
-    assert cmp.a.bytes_on_disk is None and cmp.b.accuracy is None  # unknown, never invented
+    assert cmp.a.bytes_on_disk is None and cmp.b.accuracy is None and cmp.a.weight_bits is None  # unknown: not invented
 
 
 def test_comparison_page_highlights_the_changed_nodes_of_both_sides(
@@ -58,17 +60,19 @@ def test_comparison_page_highlights_the_changed_nodes_of_both_sides(
                            "bert_encoder_layer_1_attention_self_value"}
     assert page.count("<svg") == 2 and "http" not in style
     assert "0.8500" in page and "unknown" in page  # accuracy given; bytes on disk unknown without checkpoints
+    framed = cmp._repr_html_()  # Jupyter: the same page in a sandboxed frame
+    assert framed.startswith('<iframe class="fxforge-frame"') and html.escape(f"data-path='{PRUNED[0]}'") in framed
 
 
 def test_checkpoints_give_bytes_on_disk_and_hostile_names_are_escaped(checkpoints: tuple[Path, Path]) -> None:
     pa, pb = checkpoints
     ra, rb = ForgeGraph.from_checkpoint(pa), ForgeGraph.from_checkpoint(pb)
-    cmp = compare_graphs(ra, rb, names=("</script><b>x", 'q"é'), checkpoints=(pa, pb))
+    cmp = compare_graphs(ra, rb, names=("</script><b>x", 'q"é'), checkpoints=(pa, pb), weight_bits=weight_bits)
     assert cmp.changed_layers() == set(PRUNED)  # also after the round trip through checkpoints
     assert cmp.a.bytes_on_disk == (pa / "weights.safetensors").stat().st_size
     page = comparison_html(cmp)
     assert "</script><b>x" not in page and "&lt;/script&gt;&lt;b&gt;x" in page
-    assert cmp.b.weight_bits == cmp.a.weight_bits  # pruning masks cost no weight bits
+    assert cmp.b.weight_bits == cmp.a.weight_bits == 32 * sum(p.numel() for p in ra.model.parameters())
 
 
 def test_cli_report_of_two_checkpoints_writes_the_comparison(

@@ -4,6 +4,7 @@ inlined once (no CDN), and the page reads the results JSON as well."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import sys
@@ -13,7 +14,7 @@ import pytest
 from conftest import tiny_search_setup
 
 from fxforge.report.search_json import load_search_results
-from fxforge.report.search_pages import search_page, write_search_page
+from fxforge.report.search_pages import search_page
 from fxforge.search import MixedPrecisionSpace, Search, SearchResult
 
 SPACE = MixedPrecisionSpace({"integer": {"width": [2, 3, 4, 6, 8], "frac_width": [1, 2]}},
@@ -38,8 +39,13 @@ def _importances(page: str) -> dict[str, list[float]]:
     return {p: [float(v) for v in re.findall(r"<td>([0-9.]+)</td>", cells)] for p, cells in rows}
 
 
-def test_search_page_of_a_study(result: SearchResult, tmp_path: Path) -> None:
-    page = write_search_page(result, tmp_path / "search.html").read_text()
+def test_search_page_of_a_study(result: SearchResult) -> None:
+    """The page a SearchResult shows in Jupyter (framed: the page itself, attribute-escaped)."""
+    import fxforge.report  # noqa: F401 - registers the views
+
+    framed = re.fullmatch(r'<iframe [^>]*srcdoc="([^"]*)"></iframe>', result._repr_html_())
+    assert framed
+    page = html.unescape(framed.group(1))
     data = _data(page)
     front = {r["trial"] for r in result.rows()}
     by_name = {t["name"]: t for t in data["traces"]}
