@@ -10,6 +10,9 @@ from typing import Any
 
 _LAZY = {"DDPError": "ddp", "DDPOptions": "ddp", "init_group": "ddp", "launch": "ddp", "launched_by_torchrun": "ddp",
          "shard_rows": "ddp", "shard_weight": "ddp"}
+_LAZY.update({name: "tensor_parallelism" for name in (
+    "TPBlock", "TensorParallelError", "TensorParallelInfo", "TensorParallelPlan", "localize_graph", "tensor_parallel",
+    "tensor_parallel_plan")})
 
 __all__ = sorted(_LAZY)
 

@@ -12,6 +12,9 @@ captured graph spells them as numbers. A fused q/k/v layer has its rows reordere
 ``ColwiseParallel``'s contiguous shard of rank r holds exactly r's q, k and v rows.
 
 The graph is changed in place (like ``parallelize_module``); its recorded metadata keeps the global shapes.
+Keeping DTensors between the layers instead (``use_local_output=False``, no rewrite) fails on every graph tried
+(torch 2.13): SDPA's mask and RoPE's tables are plain tensors, and DTensor refuses mixing them.
+(``fxforge.distributed.tensor_parallel`` is the function: this module has another name so the two never clash.)
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from conftest import make_gpt, make_tiny_bert
 from hf_tiny import tiny_hf
 
 from fxforge import ForgeGraph
-from fxforge.distributed.tensor_parallel import TensorParallelError, localize_graph, tensor_parallel_plan
+from fxforge.distributed import TensorParallelError, localize_graph, tensor_parallel_plan
 
 
 @pytest.fixture(scope="module")

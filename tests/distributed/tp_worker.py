@@ -28,7 +28,7 @@ def run_rank(rank: int, world: int, port: int, workdir: str, models: list[str]) 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     from fxforge import ForgeGraph
-    from fxforge.distributed.tensor_parallel import tensor_parallel
+    from fxforge.distributed import tensor_parallel
 
     root = Path(workdir)
     io = torch.load(root / "io.pt")
