@@ -30,7 +30,7 @@ from .statistics import Statistic, StatisticsRecord, Values, make_statistic
 
 __all__ = ["ProfileStatisticsArgs", "ProfileStatisticsInfo", "profile_statistics_analysis_pass"]
 
-Stats = dict[str, dict[str, Any]]
+Stats = dict[str, dict[str, Values]]  # entry -> statistic -> result
 
 
 def _names(value: tuple[str, ...] | str) -> tuple[str, ...]:
@@ -188,9 +188,9 @@ def profile_statistics_analysis_pass(graph: ForgeGraph,
                     break
         if not batches:
             raise ValueError("data gave no batch: pass {'data': [batch, ...]} (MASE: input_generator)")
-        for node, entries in collector.stats.items():
+        for node, collected in collector.stats.items():
             per_node = stats.setdefault(node, {})
-            for entry, collection in entries.items():
+            for entry, collection in collected.items():
                 per_node[entry] = {name: stat.result() for name, stat in collection.items()}
     for node, entries in stats.items():
         get_meta(node).software.set(StatisticsRecord(stats=entries))
