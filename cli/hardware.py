@@ -77,7 +77,7 @@ def simulate_verilog(
     x_int = quantize_input(x, fin) if x.is_floating_point() else x.to(torch.int64)
     res = simulate_design(design, x_int.reshape(-1, spec["input"]["size"]), simulator=simulator, build_root=build_dir)
     out = spec["output"]
-    values = res.outputs.double() * 2.0 ** -out["frac"] if out["kind"] != "argmax" else res.outputs.squeeze(-1)
+    values = res.outputs.double() * 2.0 ** -out["frac"] if out["kind"] != "argmax" else res.outputs[:, 0].clone()
     save_file({"integers": res.outputs.contiguous(), "values": values.contiguous(),
                "latency": torch.tensor(res.latencies, dtype=torch.int64)}, str(output_path))
     typer.echo(f"simulated {len(res.outputs)} vectors on {res.simulator} (build {res.build_seconds:.1f} s, "

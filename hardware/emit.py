@@ -179,8 +179,11 @@ module {top} #(
 );
 """
     src, dst = f"s_{_ident(hw.input)}", f"s_{_ident(hw.output)}"
-    glue = [f"  assign {src} = data_in_0;", f"  assign {src}_valid = data_in_0_valid;",
-            f"  assign data_in_0_ready = {src}_ready;", f"  assign data_out_0 = {dst};",
+    glue = [f"  for (genvar i = 0; i < DATA_IN_0_PARALLELISM_DIM_0; i++) begin : g_data_in_0\n"
+            f"    assign {src}[i] = data_in_0[i];\n  end",
+            f"  assign {src}_valid = data_in_0_valid;", f"  assign data_in_0_ready = {src}_ready;",
+            f"  for (genvar i = 0; i < DATA_OUT_0_PARALLELISM_DIM_0; i++) begin : g_data_out_0\n"
+            f"    assign data_out_0[i] = {dst}[i];\n  end",
             f"  assign data_out_0_valid = {dst}_valid;", f"  assign {dst}_ready = data_out_0_ready;"]
     return header + "\n".join(t.decls + glue) + "\n\n" + "\n\n".join(t.body) + "\nendmodule\n"
 

@@ -2,6 +2,7 @@
 
 from .analysis.causality import causality_analysis_pass
 from .analysis.count_op import count_op_analysis_pass
+from .analysis.hardware_estimate import hardware_estimate_analysis_pass
 from .analysis.liveness import liveness_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from .analysis.profile import profile_analysis_pass
@@ -108,6 +109,7 @@ __all__ = [
     "fuse_kernels_transform_pass",
     "afno_real_arithmetic_transform_pass",
     "emit_verilog_transform_pass",
+    "hardware_estimate_analysis_pass",
     "mask_free_activations_transform_pass",
     "cse_transform_pass",
     "dce_transform_pass",

@@ -86,6 +86,8 @@ CASES: dict[str, PassCase] = {
     "emit_verilog_transform_pass": PassCase(
         lambda d: {"out_dir": tempfile.mkdtemp(prefix="fxforge-emit-"), "nodes": {"name": ["classifier"]}},
         (("quantize_transform_pass", lambda d: FIXED_CLASSIFIER),)),
+    "hardware_estimate_analysis_pass": PassCase(lambda d: {"nodes": {"name": ["classifier"]}},
+                                                (("quantize_transform_pass", lambda d: FIXED_CLASSIFIER),)),
     "add_software_metadata_analysis_pass": PassCase(_none, _SHAPES),
     "verify_common_metadata_analysis_pass": PassCase(lambda d: {"raise_on_mismatch": False}, _SHAPES),
     "verify_software_metadata_analysis_pass": PassCase(_none, (("init_metadata_analysis_pass", _none),)),

@@ -20,8 +20,8 @@ module fixed_linear #(
     parameter int DATA_OUT_0_PRECISION_1 = 8,
     parameter int DATA_OUT_0_TENSOR_SIZE_DIM_0 = 4,
     parameter int DATA_OUT_0_PARALLELISM_DIM_0 = 1,
-    parameter string WEIGHT_ROM = "weight.mem",
-    parameter string BIAS_ROM = "bias.mem"
+    parameter WEIGHT_ROM = "weight.mem",
+    parameter BIAS_ROM = "bias.mem"
 ) (
     input  logic clk,
     input  logic rst,
@@ -65,7 +65,9 @@ module fixed_linear #(
   assign word = weight_rom[int'(block)*BEATS+int'(beat)];
   assign data_in_0_ready = state == COLLECT;
   assign data_out_0_valid = state == EMIT;
-  assign data_out_0 = acc;
+  for (genvar j = 0; j < P_OUT; j++) begin : g_out
+    assign data_out_0[j] = acc[j];
+  end
 
   if (HAS_BIAS != 0) begin : g_bias
     logic [P_OUT*BIAS_PRECISION_0-1:0] bias_rom[BLOCKS];
@@ -107,7 +109,7 @@ module fixed_linear #(
           end else beat <= beat + 1'b1;
         end
         COMPUTE: begin
-          acc <= partial;
+          for (int j = 0; j < P_OUT; j++) acc[j] <= partial[j];
           if (int'(beat) == BEATS - 1) begin
             beat  <= '0;
             state <= EMIT;

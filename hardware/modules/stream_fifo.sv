@@ -16,13 +16,16 @@ module stream_fifo #(
 );
   localparam int AB = DEPTH > 1 ? $clog2(DEPTH) : 1;
   localparam int CB = $clog2(DEPTH + 1);
-  logic signed [DATA_IN_0_PRECISION_0-1:0] mem[DEPTH][DATA_IN_0_PARALLELISM_DIM_0];
+  localparam int P = DATA_IN_0_PARALLELISM_DIM_0;
+  logic signed [DATA_IN_0_PRECISION_0-1:0] mem[DEPTH*P];  // beat k at [k*P +: P]
   logic [AB-1:0] head, tail;
   logic [CB-1:0] count;
   logic push, pop;
   assign data_in_0_ready = int'(count) < DEPTH;
   assign data_out_0_valid = count != '0;
-  assign data_out_0 = mem[head];
+  for (genvar i = 0; i < P; i++) begin : g_out
+    assign data_out_0[i] = mem[int'(head)*P+i];
+  end
   assign push = data_in_0_valid && data_in_0_ready;
   assign pop = data_out_0_valid && data_out_0_ready;
   always_ff @(posedge clk) begin
@@ -32,7 +35,7 @@ module stream_fifo #(
       count <= '0;
     end else begin
       if (push) begin
-        mem[tail] <= data_in_0;
+        for (int i = 0; i < P; i++) mem[int'(tail)*P+i] <= data_in_0[i];
         tail <= int'(tail) == DEPTH - 1 ? '0 : tail + 1'b1;
       end
       if (pop) head <= int'(head) == DEPTH - 1 ? '0 : head + 1'b1;

@@ -19,8 +19,10 @@ module stream_fork #(
 );
   logic [1:0] done;  // output k already took the current beat
   logic take_0, take_1;
-  assign data_out_0 = data_in_0;
-  assign data_out_1 = data_in_0;
+  for (genvar i = 0; i < DATA_IN_0_PARALLELISM_DIM_0; i++) begin : g_copy
+    assign data_out_0[i] = data_in_0[i];
+    assign data_out_1[i] = data_in_0[i];
+  end
   assign data_out_0_valid = data_in_0_valid && !done[0];
   assign data_out_1_valid = data_in_0_valid && !done[1];
   assign take_0 = done[0] || data_out_0_ready;

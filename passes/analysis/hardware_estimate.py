@@ -1,0 +1,89 @@
+"""hardware_estimate_analysis_pass: resources and cycles of the design emit_verilog_transform_pass would write.
+
+Per layer: multipliers, adder bits, weight memory bits, buffer bits, the cycle its last output beat leaves for
+one vector, and its initiation interval, for the chosen parallelism; the total latency in cycles and at
+``clock_mhz``. The timing model (hardware/estimate.py) follows the emitted RTL, so the latency equals the
+cycle count measured in simulation. Each emitted layer's fx node gets a ``hardware.estimate`` record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...graph.forge_graph import ForgeGraph
+from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
+from ..base import forge_pass
+from ..contract import PassInfo
+from ..propagate import init_node
+
+__all__ = ["hardware_estimate_analysis_pass", "HardwareEstimateRecord", "HardwareEstimateInfo"]
+
+
+@register_record("hardware.estimate")
+@dataclass
+class HardwareEstimateRecord(MetaRecord):
+    """One emitted layer: its kind, parallelism (elements per output beat), resources and cycles."""
+
+    kind: str = ""
+    parallelism: int = 1
+    multipliers: int = 0
+    adder_bits: int = 0
+    weight_memory_bits: int = 0
+    buffer_bits: int = 0
+    last_out_cycle: int = 0
+    initiation_interval: int = 0
+
+
+@dataclass(frozen=True)
+class HardwareEstimateArgs:
+    """parallelism and nodes: as emit_verilog_transform_pass's; clock_mhz: for the latency in microseconds."""
+
+    parallelism: dict[str, int] = field(default_factory=dict)
+    nodes: Any = None
+    clock_mhz: float = 100.0
+
+
+@dataclass(frozen=True)
+class HardwareEstimateInfo(PassInfo):
+    """layers: per layer (name -> resources and cycles); totals; latency in cycles and microseconds; the design's
+    initiation interval (its busiest layer's, in cycles per vector)."""
+
+    layers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    multipliers: int = 0
+    adder_bits: int = 0
+    weight_memory_bits: int = 0
+    buffer_bits: int = 0
+    latency_cycles: int = 0
+    latency_us: float = 0.0
+    initiation_interval: int = 0
+    clock_mhz: float = 100.0
+
+
+@forge_pass("analysis", HardwareEstimateArgs, info=HardwareEstimateInfo)
+def hardware_estimate_analysis_pass(graph: ForgeGraph,
+                                    args: HardwareEstimateArgs) -> tuple[ForgeGraph, HardwareEstimateInfo]:
+    """Estimate the emitted design of ``graph`` (refused as by emit_verilog_transform_pass when unsupported)."""
+    from ...hardware.estimate import estimate_design  # hardware/ consumes graphs; imported only when estimating
+    from ...hardware.ir import build_hw_graph
+
+    if args.clock_mhz <= 0:
+        raise ValueError(f"clock_mhz must be > 0, got {args.clock_mhz}")
+    hw = build_hw_graph(graph, dict(args.parallelism), args.nodes)
+    est = estimate_design(hw, args.clock_mhz)
+    nodes = {n.name: n for n in graph.model.graph.nodes}
+    for e in est.layers:
+        node = nodes.get(e.name)
+        if node is None:
+            continue
+        if not has_meta(node):
+            init_node(node, graph.model)
+        layer = hw.layers.get(e.name)
+        get_meta(node).hardware.set(HardwareEstimateRecord(
+            kind=e.kind, parallelism=layer.parallelism if layer is not None else 1, multipliers=e.multipliers,
+            adder_bits=e.adder_bits, weight_memory_bits=e.weight_memory_bits, buffer_bits=e.buffer_bits,
+            last_out_cycle=e.last_out, initiation_interval=e.initiation_interval))
+    return graph, HardwareEstimateInfo(
+        layers={e.name: e.to_json() for e in est.layers}, multipliers=est.multipliers, adder_bits=est.adder_bits,
+        weight_memory_bits=est.weight_memory_bits, buffer_bits=est.buffer_bits, latency_cycles=est.latency_cycles,
+        latency_us=est.latency_us, initiation_interval=est.initiation_interval, clock_mhz=est.clock_mhz)
