@@ -120,7 +120,8 @@ def _resize_split(rw: GraphRewrite, node: fx.Node, chunks: tuple[torch.Tensor, .
         return
     if not isinstance(node.args[1], int) or len(set(sizes)) != 1:
         raise GroupError(f"shrink: split node {node.name!r} would need unequal chunk sizes {sizes}")
-    rw.set_args(node, (node.args[0], sizes[0], *node.args[2:]))
+    if str(getattr(node.target, "__name__", node.target)).split(".")[0] != "chunk":  # chunk's is a count: it stays
+        rw.set_args(node, (node.args[0], sizes[0], *node.args[2:]))
 
 
 def resize_literal_sizes(rw: GraphRewrite, dep: DependencyGraph, gone: torch.Tensor) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn as nn
 from conftest import make_gpt, make_tiny_bert
 from hf_tiny import tiny_hf
 
@@ -94,3 +95,37 @@ def test_local_graph_has_one_ranks_head_count_and_split(graphs: dict[str, ForgeG
     localize_graph(llama, tensor_parallel_plan(llama, 2), rank=0)
     assert _sizes(llama, expand) == [None, 1, 2, None, 8]
     assert _sizes(llama, llama.node(expand).next.name) == [None, 2, None, 8]  # 2 of the 4 query heads
+
+
+class _ChunkedQKV(nn.Module):
+    """Attention with a fused q/k/v split by ``chunk`` (4 heads of 4) and a bias-free output projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(16, 48), nn.Linear(16, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.size(0), x.size(1)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        heads = [t.reshape(b, s, 4, 4).transpose(1, 2) for t in (q, k, v)]
+        y = torch.nn.functional.scaled_dot_product_attention(*heads)
+        return self.proj(y.transpose(1, 2).reshape(b, s, 16))
+
+
+def test_local_graphs_of_all_ranks_sum_to_the_whole_output() -> None:
+    """Each rank's localized graph on its weight shards gives a partial sum of the row-wise projection (what
+    RowwiseParallel all-reduces): the ranks' outputs add up to the single-process output."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    mg = ForgeGraph(_ChunkedQKV().eval(), example_inputs=(x,))
+    plan = tensor_parallel_plan(mg, 2)
+    assert (plan.colwise, plan.rowwise) == (("qkv",), ("proj",))
+    with torch.no_grad():
+        whole, total = mg(x), torch.zeros(2, 5, 16)
+        for rank in range(2):
+            local = localize_graph(mg.copy(), plan, rank)
+            qkv, proj = local.model.get_submodule("qkv"), local.model.get_submodule("proj")
+            qkv.weight, qkv.bias = (nn.Parameter(t.chunk(2)[rank]) for t in (qkv.weight, qkv.bias))
+            proj.weight = nn.Parameter(proj.weight.chunk(2, dim=1)[rank])
+            total += local(x)
+    assert (total - whole).abs().max() <= 1e-6
