@@ -66,7 +66,7 @@ def _exit_code(exc: BaseException) -> int:
 
 
 def _register() -> None:
-    from . import checkpoint_cmds, commands, deploy, explore_cmd, generate, hardware  # noqa: F401 - importing registers the commands on ``app``
+    from . import checkpoint_cmds, commands, deploy, distributed, explore_cmd, generate, hardware  # noqa: F401 - importing registers the commands on ``app``
 
 
 def main(argv: Sequence[str] | None = None) -> int:

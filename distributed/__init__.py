@@ -9,7 +9,10 @@ import importlib
 from typing import Any
 
 _LAZY = {"DDPError": "ddp", "DDPOptions": "ddp", "init_group": "ddp", "launch": "ddp", "launched_by_torchrun": "ddp",
-         "shard_rows": "ddp", "shard_weight": "ddp"}
+         "shard_rows": "ddp", "shard_weight": "ddp",
+         "PipelineError": "pipeline", "PipelineResult": "pipeline", "pipeline_run": "pipeline",
+         "pipeline_train_step": "pipeline", "PipelineJob": "pipeline", "pipeline_job": "pipeline",
+         "run_pipeline_jobs": "pipeline"}
 _LAZY.update({name: "tensor_parallelism" for name in (
     "TPBlock", "TensorParallelError", "TensorParallelInfo", "TensorParallelPlan", "localize_graph", "tensor_parallel",
     "tensor_parallel_plan")})
