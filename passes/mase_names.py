@@ -17,10 +17,13 @@ from typing import Literal
 
 from .base import PASSES
 
-__all__ = ["MASE_COMMIT", "MASE_NAMES", "GUIDE", "MaseName", "MaseNameRefused", "guide_block", "lookup", "markdown",
-           "mase_pass_name", "rows", "sync_guide", "target_exists"]
+__all__ = ["MASE_COMMIT", "MASE_HARDWARE_COMMIT", "MASE_NAMES", "GUIDE", "MaseName", "MaseNameRefused", "guide_block",
+           "lookup", "markdown", "mase_pass_name", "rows", "sync_guide", "target_exists"]
 
 MASE_COMMIT = "6ff398cf4c01a008540fd5ff2431f6e0740b4c5b"  # DeepWok/mase main, read 2026-11 (2026-04-23 commit)
+# MASE's hardware and ONNX passes left main with PR #307 (1d2044f1, 2026-02); its tutorials (Verilog emission)
+# still call them, so they are listed too, as read at the commit before that removal
+MASE_HARDWARE_COMMIT = "ae4660b14f135e6db00486f9d18e623a07940d60"
 GUIDE = "docs/migration.md"
 SECTION_NAMES = "mase-pass-names"  # the guide's anchor for the whole table
 SECTION_NOT_PLANNED = "not-planned"  # ... and for the names fxforge will not provide
@@ -160,6 +163,43 @@ MASE_NAMES: tuple[MaseName, ...] = (
     _e("rotate_qwen3", "rotation_transform_pass", "planned", issue=35),
     _e("fuse_rms_norms", "rotation_transform_pass", "planned", "fused as part of the rotation pass", issue=35),
     _e("replace_rms_norms", "rotation_transform_pass", "planned", "replaced as part of the rotation pass", issue=35),
+    # hardware and ONNX passes, removed from MASE's main by PR #307 (read at MASE_HARDWARE_COMMIT)
+    _p("emit_verilog_top_transform_pass", "emit_verilog_transform_pass", "planned",
+       "one pass writes the top level, each layer and the weight ROMs", issue=33),
+    _p("emit_internal_rtl_transform_pass", "emit_verilog_transform_pass", "planned",
+       "the layers come from fxforge's own component library", issue=33),
+    _p("emit_bram_transform_pass", "emit_verilog_transform_pass", "planned", "weights as ROM initialisation files",
+       issue=33),
+    _e("emit_cocotb_transform_pass", "fxforge simulate-verilog", "planned", "cocotb testbench under Verilator",
+       issue=33),
+    _e("run_cosim_analysis_pass", "fxforge simulate-verilog", "planned", "bit-exact simulation against the model",
+       issue=33),
+    _p("add_hardware_metadata_analysis_pass", "hardware_estimate_analysis_pass", "planned",
+       "widths and parallelism are read from the quantization metadata at emission; the estimate reports "
+       "multipliers, memory bits and latency", short="add_hardware_metadata", issue=33),
+    _p("report_node_hardware_type_analysis_pass", "hardware_estimate_analysis_pass", "planned",
+       short="report_node_hardware_type", issue=33),
+    _p("verify_hardware_metadata_analysis_pass", "emit_verilog_transform_pass", "planned",
+       "what cannot be emitted is refused by the emitter, naming the node and the format",
+       short="verify_hardware_metadata", issue=33),
+    _p("emit_vivado_project_transform_pass", "emit_verilog_transform_pass", "not planned",
+       "Vivado is proprietary and not installable here; fxforge's RTL is simulated with Verilator or Icarus"),
+    _e("get_synthesis_results", "fxforge.hardware", "not planned",
+       "needs Vivado synthesis; hardware_estimate_analysis_pass (issue #33) estimates resources instead"),
+    _p("partition_to_multi_device_transform_pass", "split_stages_transform_pass", "planned",
+       "N pipeline stages cut where the profile / memory / parameters balance", issue=32),
+    _p("onnx_annotate_transform_pass", "fxforge.deploy.export_onnx", "not planned",
+       "ONNX export is a deployment step, not a pass: fxforge.deploy.export_onnx / `fxforge deploy`",
+       short="onnx_annotate"),
+    _p("onnx_runtime_interface_pass", "fxforge.deploy.export_onnx", "not planned",
+       "ONNX Runtime runs the deployed artifact: `fxforge deploy` exports, checks and times it",
+       short="onnxruntime"),
+    _e("export_fx_graph_analysis_pass", "fxforge.deploy.export_onnx", "not planned",
+       "the captured graph is exported by fxforge.deploy (ONNX, AOTInductor, ExecuTorch)"),
+    _p("ann2snn_transform_pass", "quantize_transform_pass", "not planned",
+       "spiking-network conversion is outside fxforge's scope (no spiking modules)", short="ann2snn"),
+    _p("ann2snn_module_transform_pass", "quantize_transform_pass", "not planned",
+       "spiking-network conversion is outside fxforge's scope (no spiking modules)"),
     # pipelines
     _e("AutoPipeline", "fxforge.pipelines.Pipeline", "different",
        "steps are pass names (or functions) with args; each transform's numerical contract is checked"),
@@ -198,6 +238,11 @@ def target_exists(row: MaseName) -> bool:
     """Whether fxforge has what the row names: a registered pass, or an importable dotted path."""
     if "." not in row.fxforge:
         return row.fxforge in PASSES
+    try:
+        importlib.import_module(row.fxforge)  # a module itself
+        return True
+    except ImportError:
+        pass
     module, _, attr = row.fxforge.rpartition(".")
     while module:
         try:
@@ -255,8 +300,9 @@ def markdown() -> str:
 
     Statuses are the table's own (a planned pass stays ``planned #N`` here until its row is changed), so the
     guide does not depend on which passes happen to be registered."""
-    lines = [f"MASE names as of DeepWok/mase@{MASE_COMMIT[:12]}; `get_pass`, pipeline steps and "
-             "`fxforge inspect --mase-names` read the same table (passes/mase_names.py).", "",
+    lines = [f"MASE names as of DeepWok/mase@{MASE_COMMIT[:12]}, and its hardware and ONNX passes as of "
+             f"@{MASE_HARDWARE_COMMIT[:12]} (removed from its main since, still in its tutorials); `get_pass`, "
+             "pipeline steps and `fxforge inspect --mase-names` read the same table (passes/mase_names.py).", "",
              "| MASE | short key | fxforge | status | notes |", "| --- | --- | --- | --- | --- |"]
     for r in MASE_NAMES:
         status = r.status if r.issue is None else f"planned #{r.issue}"
