@@ -11,7 +11,8 @@ The fragment carries its own style, data (JSON in ``<script type="application/js
 ``&`` and line separators escaped, so a module named ``</script>`` stays data) and script (report/
 graph_view_js.py; no CDN, no library). It opens on the hierarchy's default groups (report/hierarchy.py),
 offers only the overlays some node has a value for, and sets ``data-ready="1"`` on its ``<div>`` once drawn
-(``data-first-render-ms``: how long the first drawing took; ``data-boxes``: boxes drawn).
+(``data-first-render-ms``: how long its script took to the first drawing; ``data-ready-at-ms``: that moment, from
+the page's navigation start; ``data-boxes``: boxes drawn; ``data-render-ms``: the latest redraw).
 """
 
 from __future__ import annotations

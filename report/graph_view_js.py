@@ -196,6 +196,7 @@ window.fxforgeGraphView = window.fxforgeGraphView || function(root){
   el('path', {d: 'M0,0 L10,5 L0,10 z', fill: '#9a9a9a'}, m);
   render(); fit();
   root.setAttribute('data-first-render-ms', (performance.now() - t0).toFixed(1));
+  root.setAttribute('data-ready-at-ms', performance.now().toFixed(1));
   root.setAttribute('data-ready', '1');
 };
 """
