@@ -43,8 +43,8 @@ class MaseNameRefused(KeyError):
 class MaseName:
     """One MASE name: ``mase`` (full), ``short`` (its PASSES key), what fxforge offers and how it differs.
 
-    ``fxforge``: the registered pass it runs (kind ``pass``), a dotted import path (kind ``entry``), or for
-    ``planned`` / ``not planned`` rows the name it will have or the closest thing there is. ``issue``: the
+    ``fxforge``: a pass name (kind ``pass``: the pass it runs, will run once registered, or the closest one)
+    or a dotted import path / command (kind ``entry``: fxforge has it, but not as a pass). ``issue``: the
     issue that plans it. ``note``: what to change, or why it is not planned.
     """
 
@@ -126,8 +126,8 @@ MASE_NAMES: tuple[MaseName, ...] = (
     _p("prune_transform_pass", "prune_transform_pass", "same", "MASE's `weight` / `activation` config", short="prune"),
     _p("prune_detach_hook_transform_pass", "prune_detach_hook_transform_pass", "planned",
        "fxforge installs no hooks; to be accepted as a no-op", short="prune_detach_hook", issue=35),
-    _p("conv_bn_fusion_transform_pass", "conv_bn_fusion_transform_pass", "planned", short="conv_bn_fusion",
-       issue=35),
+    _p("conv_bn_fusion_transform_pass", "conv_bn_fusion_transform_pass", "same",
+       "BatchNorm folded into the preceding conv / linear of an eval graph", short="conv_bn_fusion"),
     _p("logicnets_fusion_transform_pass", "fuse_kernels_transform_pass", "not planned",
        "LogicNets truth-table fusion targets MASE's LUT hardware flow; fxforge's hardware is issue #33's "
        "fixed-point SystemVerilog", short="logicnets_fusion"),
@@ -152,42 +152,44 @@ MASE_NAMES: tuple[MaseName, ...] = (
        _META_FILE, short="load_node_meta_param"),
     _p("save_node_meta_param_interface_pass", "export", "not planned", _META_FILE, short="save_node_meta_param"),
     # passes/module
-    _p("calculate_avg_bits_module_analysis_pass", "calculate_avg_bits_module_analysis_pass", "planned", issue=35),
+    _p("calculate_avg_bits_module_analysis_pass", "calculate_avg_bits_module_analysis_pass", "same",
+       "on a plain nn.Module"),
     _p("report_trainable_parameters_analysis_pass", "report_trainable_parameters_analysis_pass", "same"),
-    _p("quantize_module_transform_pass", "quantize_module_transform_pass", "planned", issue=35),
+    _p("quantize_module_transform_pass", "quantize_module_transform_pass", "same",
+       "the graph pass's config language, formats and quantized modules, on a plain nn.Module"),
     _p("attention_swap_transform_pass", "attention_swap_transform_pass", "planned", short="attention_swap",
        issue=35),
     _p("resharding_transform_pass", "split_stages_transform_pass", "not planned", _DIST),
-    _e("run_gptq", "gptq_transform_pass", "planned", issue=35),
-    _e("rotate_llama", "rotation_transform_pass", "planned", issue=35),
-    _e("rotate_qwen3", "rotation_transform_pass", "planned", issue=35),
-    _e("fuse_rms_norms", "rotation_transform_pass", "planned", "fused as part of the rotation pass", issue=35),
-    _e("replace_rms_norms", "rotation_transform_pass", "planned", "replaced as part of the rotation pass", issue=35),
+    _p("run_gptq", "gptq_transform_pass", "planned", issue=35),
+    _p("rotate_llama", "rotation_transform_pass", "planned", "name to be settled by its pass", issue=35),
+    _p("rotate_qwen3", "rotation_transform_pass", "planned", "name to be settled by its pass", issue=35),
+    _p("fuse_rms_norms", "rotation_transform_pass", "planned", "fused as part of the rotation pass", issue=35),
+    _p("replace_rms_norms", "rotation_transform_pass", "planned", "replaced as part of the rotation pass", issue=35),
     # hardware and ONNX passes, removed from MASE's main by PR #307 (read at MASE_HARDWARE_COMMIT)
-    _p("emit_verilog_top_transform_pass", "emit_verilog_transform_pass", "planned",
-       "one pass writes the top level, each layer and the weight ROMs", issue=33),
-    _p("emit_internal_rtl_transform_pass", "emit_verilog_transform_pass", "planned",
-       "the layers come from fxforge's own component library", issue=33),
-    _p("emit_bram_transform_pass", "emit_verilog_transform_pass", "planned", "weights as ROM initialisation files",
-       issue=33),
-    _e("emit_cocotb_transform_pass", "fxforge simulate-verilog", "planned", "cocotb testbench under Verilator",
-       issue=33),
-    _e("run_cosim_analysis_pass", "fxforge simulate-verilog", "planned", "bit-exact simulation against the model",
-       issue=33),
-    _p("add_hardware_metadata_analysis_pass", "hardware_estimate_analysis_pass", "planned",
-       "widths and parallelism are read from the quantization metadata at emission; the estimate reports "
-       "multipliers, memory bits and latency", short="add_hardware_metadata", issue=33),
-    _p("report_node_hardware_type_analysis_pass", "hardware_estimate_analysis_pass", "planned",
-       short="report_node_hardware_type", issue=33),
-    _p("verify_hardware_metadata_analysis_pass", "emit_verilog_transform_pass", "planned",
-       "what cannot be emitted is refused by the emitter, naming the node and the format",
-       short="verify_hardware_metadata", issue=33),
+    _p("emit_verilog_top_transform_pass", "emit_verilog_transform_pass", "different",
+       "one pass writes the top level, each layer and the weight ROMs (`out_dir`, `top`, `parallelism`)"),
+    _p("emit_internal_rtl_transform_pass", "emit_verilog_transform_pass", "different",
+       "the layers are written by emit_verilog_transform_pass from fxforge's own component library"),
+    _p("emit_bram_transform_pass", "emit_verilog_transform_pass", "different",
+       "weights are written by emit_verilog_transform_pass as ROM initialisation files"),
+    _e("emit_cocotb_transform_pass", "fxforge.hardware.simulate.simulate_design", "different",
+       "the cocotb testbench is built and run by simulate_design / `fxforge simulate-verilog`"),
+    _e("run_cosim_analysis_pass", "fxforge.hardware.simulate.simulate_design", "different",
+       "bit-exact simulation against the quantized model: simulate_design / `fxforge simulate-verilog`"),
+    _p("add_hardware_metadata_analysis_pass", "hardware_estimate_analysis_pass", "different",
+       "widths and parallelism are read from the quantization metadata at emission; this reports per layer "
+       "multipliers, memory bits and latency", short="add_hardware_metadata"),
+    _p("report_node_hardware_type_analysis_pass", "hardware_estimate_analysis_pass", "different",
+       "per-layer hardware figures in the info", short="report_node_hardware_type"),
+    _p("verify_hardware_metadata_analysis_pass", "emit_verilog_transform_pass", "not planned",
+       "there is no hardware metadata to verify: what cannot be emitted is refused by the emitter, naming the "
+       "node and the format", short="verify_hardware_metadata"),
     _p("emit_vivado_project_transform_pass", "emit_verilog_transform_pass", "not planned",
        "Vivado is proprietary and not installable here; fxforge's RTL is simulated with Verilator or Icarus"),
     _e("get_synthesis_results", "fxforge.hardware", "not planned",
        "needs Vivado synthesis; hardware_estimate_analysis_pass (issue #33) estimates resources instead"),
-    _p("partition_to_multi_device_transform_pass", "split_stages_transform_pass", "planned",
-       "N pipeline stages cut where the profile / memory / parameters balance", issue=32),
+    _p("partition_to_multi_device_transform_pass", "split_stages_transform_pass", "different",
+       "N pipeline stages cut where the profile / memory / parameters balance (`stages`, `balance`)"),
     _p("onnx_annotate_transform_pass", "fxforge.deploy.export_onnx", "not planned",
        "ONNX export is a deployment step, not a pass: fxforge.deploy.export_onnx / `fxforge deploy`",
        short="onnx_annotate"),
