@@ -203,6 +203,8 @@ def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
     flat = flat_inputs(split.model, ExampleInputs.coerce(data))
     template, codegen = _output_template(split.model)
     stage_module = split.model.get_submodule(f"stage_{rank}").to(device)
+    # a stage names its layers m0, m1, ...: gradients are reported under the graph's own parameter names
+    names_of = {id(p): n for n, p in split.model.named_parameters(remove_duplicate=False) if not n.startswith("stage_")}
     del split  # from here this rank holds its stage only
     held = held_parameter_bytes()
     stage = PipelineStage(stage_module, rank, world, device)
@@ -230,7 +232,7 @@ def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
             names = tuple(named)
             if job.output is not None:
                 _save(named, Path(job.output))
-    grads = {n: p.grad.detach().clone() for n, p in stage_module.named_parameters() if p.grad is not None}
+    grads = {names_of[id(p)]: p.grad.detach().clone() for p in stage_module.parameters() if p.grad is not None}
     loss = float(torch.stack(losses).detach().mean()) if losses else None
     return RankReport(rank=rank, stage=rank, world_size=world, cuts=cuts, shares=shares, held_param_bytes=held,
                       total_param_bytes=total, threads=torch.get_num_threads(), output_names=names, loss=loss,
