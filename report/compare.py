@@ -1,8 +1,10 @@
 """The before / after page (``fxforge report A B``): both graphs side by side, changed layers highlighted, a
 summary of parameters, weight bits, bytes on disk, latency and accuracy, and the table of changed layers.
 
-One self-contained offline HTML file like the single report. Highlighting is a generated CSS rule per changed
-node (``g.node[data-name=...]`` of the drawing), every name escaped for its context (HTML text, CSS string).
+One self-contained offline HTML file like the single report; each side is the report's hierarchical graph view
+(report/graph_view.py). Highlighting is generated CSS on the view's boxes (``g.fxg-box[data-id=...]``): the
+changed nodes and, dashed, the module groups holding them, so the collapsed top level shows where changes are;
+it survives the view's redraws. Every name is escaped for its context (HTML text, CSS string).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import datetime as _dt
 from html import escape
 from pathlib import Path
 
-from ..graph.draw import to_svg
 from ..graph.forge_graph import ForgeGraph
 from .compare_data import Comparison, LayerChange, SideSummary, compare_graphs
+from .graph_view import graph_view_html
+from .hierarchy import Hierarchy, build_hierarchy
 from .plots import format_bytes
 
 __all__ = ["comparison_html", "compare_graphs", "write_comparison"]
@@ -22,25 +25,23 @@ CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}.sub{color:#666}section{margin:1.4em 0}
 table{border-collapse:collapse;font-size:12px}th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;
 vertical-align:top}th{background:#f3f3f3}.sides{display:flex;gap:12px}.side{flex:1;min-width:0}
-.drawing{overflow:auto;max-height:75vh;border:1px solid #ccc}.tag{display:inline-block;background:#fde0dc;
+.tag{display:inline-block;background:#fde0dc;
 border-radius:3px;padding:0 4px;margin:1px}.better{color:#1b5e20}.worse{color:#b71c1c}#js-errors{color:#b00}
 .legend span{display:inline-block;width:14px;height:10px;border:3px solid #d32f2f;margin-right:4px}
+.legend span.group{border-style:dashed}
 """
 
 JS = r"""
 (function(){
   var errors = document.getElementById('js-errors');
   window.addEventListener('error', function(e){ errors.textContent += (e.message || 'error') + '\n'; });
+  var views = document.querySelectorAll('.side .fxg');
+  function find(path){  // the graph views' own search: opens the groups holding a match and outlines it
+    views.forEach(function(v){ var box = v.querySelector('input.fxg-search'); box.value = path;
+      box.dispatchEvent(new Event('input')); });
+  }
   document.querySelectorAll('a.layer-link').forEach(function(a){
-    a.addEventListener('click', function(ev){
-      ev.preventDefault();
-      var names = JSON.parse(a.getAttribute('data-nodes'));
-      document.querySelectorAll('g.node').forEach(function(g){
-        var on = names.indexOf(g.getAttribute('data-name')) >= 0;
-        g.classList.toggle('focus', on);
-        if (on) g.scrollIntoView({block: 'center', inline: 'center'});
-      });
-    });
+    a.addEventListener('click', function(ev){ ev.preventDefault(); find(a.getAttribute('data-path')); });
   });
   document.body.setAttribute('data-ready', '1');
 })();
@@ -52,9 +53,22 @@ def _css_string(text: str) -> str:
     return '"' + "".join(c if c.isascii() and (c.isalnum() or c in "_-") else f"\\{ord(c):06x}" for c in text) + '"'
 
 
-def _highlight_css(side: str, names: set[str]) -> str:
-    rules = ",".join(f".side-{side} g.node[data-name={_css_string(n)}] rect" for n in sorted(names))
-    return f"{rules}{{stroke:#d32f2f;stroke-width:4}}" if rules else ""
+def _highlight_css(view_id: str, h: Hierarchy, names: set[str]) -> str:
+    """Red outlines for the changed nodes' boxes of view ``view_id`` and dashed ones for every module group that
+    holds one (open as a frame or closed as a box), so a collapsed view still shows where the changes are."""
+    nodes = sorted(f"n:{n}" for n in names if f"n:{n}" in h.items)
+    groups: set[str] = set()
+    for item_id in nodes:
+        parent = h.items[item_id].parent
+        while parent is not None and parent != h.root:
+            groups.add(parent)
+            parent = h.items[parent].parent
+    vid = f"#{view_id}"
+    node_rules = ",".join(f"{vid} g.fxg-box[data-id={_css_string(i)}]>rect" for i in nodes)
+    group_rules = ",".join(f"{vid} g.fxg-box[data-id={_css_string(i)}]>rect,"
+                           f"{vid} g.fxg-frame[data-id={_css_string(i)}]>rect:first-child" for i in sorted(groups))
+    return ((f"{node_rules}{{stroke:#d32f2f;stroke-width:4px}}" if node_rules else "")
+            + (f"{group_rules}{{stroke:#d32f2f;stroke-width:3px;stroke-dasharray:6 3}}" if group_rules else ""))
 
 
 def _fmt(value: float | int | None, kind: str) -> str:
@@ -98,19 +112,21 @@ def _changes(layers: tuple[LayerChange, ...]) -> str:
         return "<p id='no-changes'>No layer differs.</p>"
     rows = []
     for c in layers:
-        names = sorted({*c.nodes_a, *c.nodes_b})
-        data = escape("[" + ",".join('"' + n.replace("\\", "\\\\").replace('"', '\\"') + '"' for n in names) + "]")
         tags = "".join(f"<span class='tag'>{escape(t)}</span>" for t in c.tags)
         rows.append(f"<tr class='layer-row' data-path='{escape(c.path)}'><td><a href='#' class='layer-link' "
-                    f"data-nodes='{data}'>{escape(c.path)}</a></td><td>{escape(', '.join(c.kinds))}</td>"
+                    f"data-path='{escape(c.path)}'>{escape(c.path)}</a></td><td>{escape(', '.join(c.kinds))}</td>"
                     f"<td>{tags}</td><td>{escape(c.detail[:300])}</td></tr>")
     return ("<table id='changes'><thead><tr><th>layer</th><th>what differs</th><th>what the passes did</th>"
             "<th>detail</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
-def _drawing(mg: ForgeGraph) -> str:
-    """The graph drawing the single report shows (graph/draw.to_svg)."""
-    return to_svg(mg)
+def _side(key: str, s: SideSummary, mg: ForgeGraph, changed: set[str]) -> tuple[str, str]:
+    """(HTML, CSS) of one side: the report's hierarchical graph view (report/graph_view.py), its changes outlined."""
+    h = build_hierarchy(mg)
+    vid = f"side-{key}-graph"
+    html = (f"<div class='side side-{key}'><h3>{escape(s.name)}</h3><p class='sub'>{s.nodes} nodes; passes: "
+            f"{escape(', '.join(s.passes) or 'none')}</p>{graph_view_html(h, vid)}</div>")
+    return html, _highlight_css(vid, h, changed)
 
 
 def comparison_html(comparison: Comparison, title: str = "fxforge before / after") -> str:
@@ -118,22 +134,19 @@ def comparison_html(comparison: Comparison, title: str = "fxforge before / after
     if comparison.graphs is None:
         raise ValueError("this comparison carries no graphs to draw: build it with compare_graphs(a, b)")
     a, b = comparison.a, comparison.b
-    changed_a = {n for c in comparison.layers for n in c.nodes_a}
-    changed_b = {n for c in comparison.layers for n in c.nodes_b}
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    sides = "".join(
-        f"<div class='side side-{key}'><h3>{escape(s.name)}</h3><p class='sub'>{s.nodes} nodes; passes: "
-        f"{escape(', '.join(s.passes) or 'none')}</p><div class='drawing'>{_drawing(mg)}</div></div>"
-        for key, s, mg in (("a", a, comparison.graphs[0]), ("b", b, comparison.graphs[1])))
-    highlight = _highlight_css("a", changed_a) + _highlight_css("b", changed_b)
+    side_a = _side("a", a, comparison.graphs[0], {n for c in comparison.layers for n in c.nodes_a})
+    side_b = _side("b", b, comparison.graphs[1], {n for c in comparison.layers for n in c.nodes_b})
+    sides, highlight = side_a[0] + side_b[0], side_a[1] + side_b[1]
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{escape(title)}</title>",
-        f"<style>{CSS}{highlight}g.node.focus rect{{stroke:#1565c0;stroke-width:6}}</style></head><body>",
+        f"<style>{CSS}{highlight}</style></head><body>",
         f"<h1>{escape(title)}</h1><p class='sub'>{escape(a.name)} → {escape(b.name)}; generated {stamp} by fxforge</p>",
         '<pre id="js-errors"></pre>',
         "<section><h2>Summary</h2>" + _summary(a, b) + "</section>",
         f"<section><h2>Changed layers ({len(comparison.layers)})</h2><p class='sub legend'><span></span>changed "
-        "layers are outlined in red in both drawings; click a layer to find it.</p>"
+        "layers are outlined in red in both graphs, <span class='group'></span>the modules holding them dashed; "
+        "click a layer to find it.</p>"
         + _changes(comparison.layers) + "</section>",
         f"<section><h2>Graphs</h2><div class='sides'>{sides}</div></section>",
         f"<script>{JS}</script></body></html>",

@@ -85,10 +85,11 @@ def test_search_page_of_the_results_json(result: SearchResult, tmp_path: Path) -
 
 @pytest.mark.slow  # Chromium renders a 5 MB page
 def test_search_page_links_a_trial_to_its_point_in_chromium(result: SearchResult, tmp_path: Path) -> None:
-    """Headless Chromium: plotly draws both plots without errors and ``#pick-N`` marks trial N's point and row."""
+    """``fxforge report --search`` writes the page; in Chromium plotly draws both plots without errors, a trial's
+    link marks its point and row, a click on a point marks its row, and ``#pick-N`` opens on trial N."""
     sys.path.insert(0, str(Path(__file__).parent))
+    from browser import Browser
     from cli.cli_support import make_checkpoint
-    from test_report_browser import chromium, headless
 
     from fxforge.cli.app import main
 
@@ -96,13 +97,12 @@ def test_search_page_links_a_trial_to_its_point_in_chromium(result: SearchResult
     results = result.to_json(tmp_path / "results.json")
     assert main(["report", str(tmp_path / "ckpt"), "-o", str(tmp_path / "r.html"), "--search", str(results)]) == 0
     page = tmp_path / "r-search.html"  # `fxforge report --search` writes the search page beside the report
-    trial = result.rows()[0]["trial"]
-    dom = headless(chromium(), tmp_path / "profile", "--dump-dom", f"{page.resolve().as_uri()}#pick-{trial}")
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    html = dom.stdout
-    assert 'data-ready="1"' in html
-    errors = re.search(r'<pre id="js-errors">(.*?)</pre>', html, re.S)
-    assert errors is not None and errors.group(1).strip() == ""
-    assert re.search(rf'id="pareto-plot"[^>]*data-picked="{trial}"', html)
-    assert re.search(rf"<tr id=\"trial-{trial}\" class=\"[^\"]*picked", html)
-    assert html.count('class="main-svg"') >= 2  # the Pareto front and the importances drawn by plotly
+    first, last = result.rows()[0]["trial"], result.rows()[-1]["trial"]
+    with Browser(tmp_path / "profile") as b:
+        b.open(f"{page.resolve().as_uri()}#pick-{first}", "document.body && document.body.dataset.ready === '1'")
+        assert b.js("document.getElementById('pareto-plot').dataset.picked") == str(first)
+        assert b.js("document.querySelectorAll('.main-svg').length") >= 2  # the front and the importances
+        b.click(f"a.point-link[data-trial='{last}']")
+        assert b.js("document.getElementById('pareto-plot').dataset.picked") == str(last)
+        assert b.js(f"document.getElementById('trial-{last}').classList.contains('picked')")
+        assert b.errors == [] and b.js("document.getElementById('js-errors').textContent.trim()") == ""
