@@ -35,7 +35,7 @@ class DDPTask(Task):
 
     def __init__(self, inner: Task, rank: int, world: int, timeout: float,
                  on_start: Callable[[], None] | None = None,
-                 on_end: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_end: Callable[[dict[str, Any]], object] | None = None) -> None:
         if not isinstance(inner, TensorTask | TextClassificationTask) or (
                 isinstance(inner, TensorTask) and type(inner).train is not TensorTask.train):
             raise SearchError(f"distributed trials train a TensorTask or a TextClassificationTask (HF Trainer); "

@@ -16,6 +16,7 @@ launcher, N local ranks) or joined under ``torchrun``.
 
 from __future__ import annotations
 
+import os
 import signal
 import warnings
 from collections.abc import Callable
@@ -207,12 +208,15 @@ def _try(fn: Callable[[], Any]) -> None:
 def run_rank(make_search: Callable[[], Search], options: DDPOptions) -> None:
     """One rank of a distributed search (the launcher's entry point): join the group, build the search, lead
     (rank 0) or follow."""
+    import torch.distributed as dist
+
     rank, _ = init_group(options)
     search = make_search()
     _check_search(search)
     if search.task is None:
         raise SearchError("distributed trials fine-tune data-parallel: pass a task that trains")
     (_lead if rank == 0 else _follow)(search, search.task, TrialChannel(TorchGroup()), options)
+    dist.destroy_process_group()  # after a failure the process exits instead: a broken group may not close
 
 
 def ddp_search(make_search: Callable[[], Search], options: DDPOptions | None = None) -> SearchResult | None:
@@ -224,9 +228,7 @@ def ddp_search(make_search: Callable[[], Search], options: DDPOptions | None = N
     options = options or DDPOptions()
     if launched_by_torchrun():
         run_rank(make_search, options)
-        import torch.distributed as dist
-
-        return _result(make_search()) if dist.get_rank() == 0 else None
+        return _result(make_search()) if os.environ["RANK"] == "0" else None
     search = make_search()  # built here first: a search no rank could run is refused before any process starts
     _check_search(search)
     launch(run_rank, (make_search, options), options)
@@ -291,6 +293,8 @@ class StudySearch:
         config = study_config(self.study_name, self.storage) if not grouped or grouped[0] == 0 else None
         if grouped:
             config = TorchGroup().broadcast(config)
+        if config is None:
+            raise SearchError(f"study {self.study_name!r}: rank 0 sent no config")
         return search_from_config(config, storage=self.storage, study_name=self.study_name,
                                   allow_outside_root=True, **{**self.overrides, "resume": True,
                                                               **_follower_overrides()})
