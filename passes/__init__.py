@@ -55,6 +55,7 @@ from .quantize import (
     quantize_transform_pass,
 )
 from .transform.afno_real import afno_real_arithmetic_transform_pass
+from .transform.attention_swap import attention_swap_transform_pass
 from .transform.conv_bn_fusion import conv_bn_fusion_transform_pass
 from .transform.emit_verilog import emit_verilog_transform_pass
 from .transform.freeze import freeze_transform_pass, unfreeze_transform_pass
@@ -98,6 +99,7 @@ __all__ = [
     "quantize_transform_pass",
     "quantize_module_transform_pass",
     "conv_bn_fusion_transform_pass",
+    "attention_swap_transform_pass",
     "calculate_avg_bits_module_analysis_pass",
     "calibrate_analysis_pass",
     "calibrate_transform_pass",

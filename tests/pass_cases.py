@@ -73,6 +73,7 @@ CASES: dict[str, PassCase] = {
     "shrink_transform_pass": PassCase(_none, (("prune_transform_pass", lambda d: {  # 1 FFN unit per layer
         "weight": {"sparsity": 0.02, "granularity": "ffn"}}),)),
     "conv_bn_fusion_transform_pass": PassCase(_none),
+    "attention_swap_transform_pass": PassCase(lambda d: {"kv_heads": 1}, _SHAPES),
     "cse_transform_pass": PassCase(_none),
     "dce_transform_pass": PassCase(_none),
     "hoist_parameter_subgraphs_transform_pass": PassCase(_none),

@@ -55,6 +55,7 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "shrink": ("shrink_transform_pass", {}, [("prune_transform_pass", {"weight": {"sparsity": s, "granularity": g}})
                                             for s, g in ((0.5, "head"), (0.5, "ffn"))], None),
     "conv_bn_fusion": ("conv_bn_fusion_transform_pass", {}, [], None),  # no BatchNorm: tests/passes/test_conv_bn_fusion
+    "attention_swap": ("attention_swap_transform_pass", {"kv_heads": 2}, [], None),
     "cse": ("cse_transform_pass", {}, [], None),
     "dce": ("dce_transform_pass", {}, [], None),
     "hoist": ("hoist_parameter_subgraphs_transform_pass", {}, [], None),
