@@ -7,7 +7,8 @@ top graph calls in a chain: stage k takes exactly the tensors crossing the cut b
 crossing the cut after it (values later stages need pass through), so the stages can run on separate
 processes (fxforge.distributed.pipeline_run). Plain values (sizes, dtypes) are recomputed where they are
 used, from tensors that cross. Stages call the very modules the graph called (aliases, as activation
-checkpointing's regions do), so outputs equal the unsplit graph's exactly.
+checkpointing's regions do: a StageRegion, saved and loaded with the graph), so outputs equal the unsplit graph's
+exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..base import PassArgsError, PassError, forge_pass
 from ..contract import NumericalContract, PassInfo, register_property
 from ..propagate import flat_inputs
 from ..rewrite import GraphRewrite
+from .pipeline_stage import StageRegion, build_stage
 from .split_plan import (
     ValueKinds,
     candidate_positions,
@@ -41,11 +43,11 @@ _NAME = "split_stages_transform_pass"
 STAGE_PREFIX = "stage_"
 
 
-def stage_modules(graph: ForgeGraph) -> list[fx.GraphModule]:
+def stage_modules(graph: ForgeGraph) -> list[StageRegion]:
     """The stages of a split graph in order (empty for a graph that was not split)."""
     calls = [n for n in graph.model.graph.nodes if n.op == "call_module" and str(n.target).startswith(STAGE_PREFIX)]
-    return [graph.model.get_submodule(str(n.target)) for n in calls if isinstance(
-        graph.model.get_submodule(str(n.target)), fx.GraphModule)]
+    found = [graph.model.get_submodule(str(n.target)) for n in calls]
+    return [m for m in found if isinstance(m, StageRegion)]
 
 
 register_property("pipeline-stages", lambda g: bool(stage_modules(g)),
@@ -181,9 +183,9 @@ def _needs(ops: list[fx.Node], stage_of: dict[fx.Node, int], kinds: ValueKinds, 
     return receives, remat
 
 
-def _build_stage(gm: fx.GraphModule, k: int, ops: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
-                 remat: set[fx.Node]) -> fx.GraphModule:
-    """Stage k as a GraphModule over the parent's modules: ``inputs`` in, ``outputs`` out (always a tuple)."""
+def _build_stage(gm: fx.GraphModule, ops: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
+                 remat: set[fx.Node]) -> StageRegion:
+    """A stage over the parent's modules: ``inputs`` in, ``outputs`` out (always a tuple)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {n: graph.placeholder(n.name) for n in inputs}
 
@@ -200,7 +202,7 @@ def _build_stage(gm: fx.GraphModule, k: int, ops: list[fx.Node], inputs: list[fx
     for op in ops:
         copy(op)
     graph.output(tuple(env[n] for n in outputs))
-    return fx.GraphModule(gm, graph, class_name=f"PipelineStage{k}")
+    return build_stage(gm, graph, len(inputs))
 
 
 @forge_pass("transform", SplitStagesArgs, info=SplitStagesInfo, requires=("metadata",),
@@ -241,7 +243,7 @@ def split_stages_transform_pass(graph: ForgeGraph, args: SplitStagesArgs) -> tup
         value_of: dict[fx.Node, fx.Node] = {n: n for n in placeholders}
         inputs = first_in
         for k in range(args.stages):
-            stage = _build_stage(gm, k, ops[bounds[k]:bounds[k + 1]], inputs, crossing[k], remat[k])
+            stage = _build_stage(gm, ops[bounds[k]:bounds[k + 1]], inputs, crossing[k], remat[k])
             call = rw.call_module(f"{STAGE_PREFIX}{k}", stage, tuple(value_of[n] for n in inputs), before=out_node)
             for i, value in enumerate(crossing[k]):
                 value_of[value] = rw.call_function(operator.getitem, (call, i), before=out_node)

@@ -3,6 +3,7 @@ passing only the tensors that cross each cut; impossible or unwanted cuts refuse
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,8 +42,8 @@ def _stage_io(mg: ForgeGraph) -> list[tuple[list[str], int]]:
     """Each stage's placeholder names and how many values it returns."""
     out = []
     for stage in stage_modules(mg):
-        names = [n.name for n in stage.graph.nodes if n.op == "placeholder"]
-        result = next(n for n in stage.graph.nodes if n.op == "output").args[0]
+        names = [n.name for n in stage._graph.nodes if n.op == "placeholder"][:stage.inputs - len(stage.reads)]
+        result = next(n for n in stage._graph.nodes if n.op == "output").args[0]
         out.append((names, len(result)))
     return out
 
@@ -107,6 +108,17 @@ def test_time_balance_is_the_best_cut_of_the_profile(gpt: ForgeGraph) -> None:
     best = min(max(sum(costs[:p]), total - sum(costs[:p])) for p in range(1, len(ops))) / total
     assert best <= max(info.shares) + 1e-12
     assert info.candidates > 10
+
+
+def test_split_graph_survives_a_checkpoint(gpt: ForgeGraph, bert: ForgeGraph, tmp_path: Path) -> None:
+    for name, mg, inputs in (("gpt", gpt, {"idx": torch.randint(0, 64, (2, 11))}),
+                             ("bert", bert, bert_inputs(batch=2, seq=9, labels=False))):
+        split, _ = passes.split_stages_transform_pass(mg, {"stages": 3, "balance": "params"})
+        loaded = ForgeGraph.from_checkpoint(split.export(tmp_path / name))
+        assert len(stage_modules(loaded)) == 3
+        with torch.no_grad():
+            a, b = loaded(**inputs), mg(**inputs)
+        assert torch.equal(getattr(a, "logits", a), getattr(b, "logits", b))
 
 
 def test_requested_cuts_are_used(gpt: ForgeGraph) -> None:
