@@ -3,7 +3,7 @@
 
 API::
 
-    graph_view_html(mg_or_hierarchy, view_id="fxg", sensitivity=None, sqnr=None) -> str   # <div> + <script>
+    graph_view_html(mg_or_hierarchy, view_id=None, sensitivity=None, sqnr=None) -> str   # <div> + <script>
     graph_view_page(mg, title="graph") -> str                                            # a whole HTML page
     view_json(h) -> str                      # the view's data, escaped for a <script> element
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from html import escape
 from typing import Any
 
@@ -44,11 +45,12 @@ def _view_id(view_id: str) -> str:
     return view_id
 
 
-def graph_view_html(graph: ForgeGraph | Hierarchy, view_id: str = "fxg", sensitivity: Any = None,
+def graph_view_html(graph: ForgeGraph | Hierarchy, view_id: str | None = None, sensitivity: Any = None,
                     sqnr: dict[str, float] | None = None) -> str:
-    """The view of ``graph`` (a ForgeGraph, grouped here, or a Hierarchy already built) as one HTML fragment."""
+    """The view of ``graph`` (a ForgeGraph, grouped here, or a Hierarchy already built) as one HTML fragment
+    (``view_id``: its element id; None: a fresh ``fxg-<hex>``, so notebook outputs never share one)."""
     h = graph if isinstance(graph, Hierarchy) else build_hierarchy(graph, sensitivity=sensitivity, sqnr=sqnr)
-    vid = _view_id(view_id)
+    vid = _view_id(view_id if view_id is not None else f"fxg-{uuid.uuid4().hex[:12]}")
     present = {k for item in h.items.values() for k in item.values}
     options = ['<option value="kind">node kind</option>'] + [
         f'<option value="{o.key}">{escape(o.title)}</option>' for o in OVERLAYS if o.key in present]

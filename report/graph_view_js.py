@@ -119,6 +119,7 @@ window.fxforgeGraphView = window.fxforgeGraphView || function(root){
       var it = items[id], a = abs[id]; if (!it) return;
       if (isOpen(id)) {
         var f = el('g', {'class': 'fxg-frame', 'data-id': id}, frames);
+        if (matches[id]) f.classList.add('fxg-match');
         el('rect', {x: a.x, y: a.y, width: a.w, height: a.h, rx: 8, fill: 'rgba(227,234,245,0.35)', stroke: '#8aa4c8'}, f);
         var head = el('rect', {'class': 'fxg-head', x: a.x, y: a.y, width: a.w, height: HEAD, rx: 8, fill: '#e3eaf5'}, f);
         head.addEventListener('click', function(){ if (id !== data.root) { open[id] = false; render(); } });

@@ -67,7 +67,8 @@ def test_inspect_checkpoint_verify_draw_report(checkpoint: tuple[Path, int], tmp
     proc = run_cli("report", str(path), "-o", str(html))
     assert proc.returncode == 0, proc.stderr
     text = html.read_text()
-    assert text.count('<tr class="node-row">') == nodes and text.count('<tr class="quant-row">') > 0
+    assert text.count('"kind":"node"') == nodes and text.count('<tr class="quant-row">') > 0  # every node in the view
+    assert text.count('<tr class="module-row">') > 0
     assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")  # self-contained: nothing to fetch
 
 

@@ -39,4 +39,4 @@ def test_demo_runs_its_six_steps_and_prints_measured_sizes(tmp_path: Path, capsy
     assert "stored/accounted" in text  # `fxforge verify` prints stored bytes beside the accounted ones
     best = ForgeGraph.from_checkpoint(out / "best")
     assert not any(isinstance(m, Int8Linear) for m in best.model.modules())  # the checkpoint is the simulated point
-    assert (out / "search.json").is_file() and '<tr class="node-row">' in (out / "report.html").read_text()
+    assert (out / "search.json").is_file() and '<tr class="module-row">' in (out / "report.html").read_text()

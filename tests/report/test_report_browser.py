@@ -84,6 +84,11 @@ def test_minilm_report_opens_on_its_layers_and_responds(minilm_classifier: Any, 
         found = b.js("Array.prototype.map.call(document.querySelectorAll('#graph .fxg-match'), "
                      "function(g){ return g.dataset.id; })")
         assert "g:bert.pooler" in found and "g:bert.embeddings" not in found, found
+        zoom = "document.querySelector('#graph g.fxg-vp').getAttribute('transform')"
+        before_zoom, canvas = b.js(zoom), b.js("(function(){ var r = document.querySelector('#graph .fxg-canvas')"
+                                               ".getBoundingClientRect(); return [r.left + 200, r.top + 200]; })()")
+        b.send("Input.dispatchMouseEvent", type="mouseWheel", x=canvas[0], y=canvas[1], deltaX=0, deltaY=-400)
+        assert b.js(zoom) != before_zoom and "scale(" in b.js(zoom)  # the wheel zooms about the pointer
         assert _page_errors(b) == []
 
 
@@ -111,6 +116,9 @@ def test_quantized_checkpoint_report_shows_real_widths(tmp_path: Path) -> None:
                    "return r.cells[0].dataset.sort === 'bert.encoder.layer.0.attention.self.query'; })[0]"
                    ".cells[3].textContent")
         assert row == "integer in8 w8 b8"
+        b.click("#modules tr.module-row details summary")  # a module's nodes on expand
+        assert b.js("document.querySelector('#modules tr.module-row details').open") is True
+        assert b.js("document.querySelector('#modules tr.module-row details table.node-detail').rows.length") > 1
         assert "http://" not in b.js("document.documentElement.outerHTML").replace("http://www.w3.org/2000/svg", "")
         print(f"\nquantized report screenshot: {b.screenshot(tmp_path / 'quantized.png')}")
         assert _page_errors(b) == []
