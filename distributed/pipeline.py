@@ -76,12 +76,27 @@ def pipeline_job(checkpoint: str | Path, stages: int, inputs: str | Path | Mappi
         data = {k: v.detach().cpu() for k, v in inputs.items()}
         if target is not None and target not in data:
             raise PipelineError(f"pipeline_train_step: target {target!r} is not among the inputs {sorted(data)}")
+    _check_batch(data, microbatches or stages)
     if output is not None and not Path(output).resolve().parent.is_dir():
         raise PipelineError(f"pipeline_run: the output's directory {Path(output).parent} does not exist")
     return PipelineJob(checkpoint=str(Path(checkpoint).resolve()), stages=stages, inputs=data,
                        output=None if output is None else str(Path(output).resolve()), schedule=schedule,
                        microbatches=microbatches or 0, balance=balance, timeout=float(timeout), threads=threads,
                        target=target, loss=loss, kill_rank=kill_rank)
+
+
+def _check_batch(data: str | dict[str, torch.Tensor], microbatches: int) -> None:
+    """Every input's batch (first) dimension must split into ``microbatches`` equal parts (the schedule chunks
+    them so); refused here, before any process starts, rather than inside the ranks."""
+    if isinstance(data, str):
+        from safetensors.torch import load_file
+
+        data = load_file(data)
+    for name, tensor in data.items():
+        rows = tensor.shape[0] if tensor.dim() else 0
+        if rows % microbatches:
+            raise PipelineError(f"pipeline_run: input {name!r} has a batch of {rows}, which {microbatches} "
+                                "microbatches do not divide: give --microbatches dividing the batch")
 
 
 def run_pipeline_jobs(jobs: Sequence[PipelineJob], nnodes: int = 1, rdzv_endpoint: str | None = None

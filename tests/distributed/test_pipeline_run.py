@@ -59,7 +59,8 @@ def test_bad_jobs_are_refused_before_any_process_starts(tmp_path: Path) -> None:
     ckpt = mg.export(tmp_path / "gpt")
     idx = {"idx": torch.randint(0, 64, (2, 16))}
     for kwargs, words in (({"schedule": "zigzag"}, "schedule 'zigzag'"), ({"microbatches": 0}, "microbatches"),
-                          ({"target": "labels"}, "target 'labels' is not among the inputs")):
+                          ({"target": "labels"}, "target 'labels' is not among the inputs"),
+                          ({"microbatches": 3}, "batch of 2, which 3 microbatches do not divide")):
         with pytest.raises(PipelineError, match=words):
             pipeline_job(ckpt, 2, idx, **kwargs)
     with pytest.raises(PipelineError, match="no checkpoint directory"):
