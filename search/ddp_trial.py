@@ -106,8 +106,8 @@ class TrialChannel:
 @dataclass
 class _Leader:
     """Rank 0's side: notes the trial being evaluated (its plan is needed even when a multi-objective search
-    trains without a trial), announces it when it trains, collects the ranks' statuses into it, and after a
-    failure while the ranks trained together re-queues that trial."""
+    trains without a trial), announces it when it trains, collects the ranks' statuses into it, and re-queues
+    a trial that failed while the ranks trained together or that the launcher stopped (another rank died)."""
 
     channel: TrialChannel
     evaluate: Callable[[optuna.Trial], Any]
@@ -121,8 +121,8 @@ class _Leader:
         self.current = trial
         try:
             return self.evaluate(trial)
-        except BaseException:
-            if self.in_collective:
+        except BaseException as exc:
+            if self.in_collective or isinstance(exc, RankStopped):  # a rank died: the trial itself was sound
                 self.stopping["masked"] = True  # from here to the re-queue a launcher's SIGTERM waits
                 self.failed = trial
             raise

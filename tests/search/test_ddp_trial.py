@@ -162,6 +162,46 @@ def test_rank0_alone_reports_and_the_others_receive_the_trial() -> None:
     assert collected == [[{"rank": r, "rows": 10 * r} for r in range(world)]] * 2
 
 
+class _PeerGone:
+    """A 2-rank group whose other rank died: the announcement goes out, collecting its status fails as gloo does."""
+
+    rank, world_size = 0, 2
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        raise RuntimeError("Connection reset by peer")
+
+
+def test_a_trial_whose_peer_died_fails_and_is_requeued_with_its_parameters() -> None:
+    """Rank 0's side of a failure mid-training: Optuna fails the trial, rank 0 re-queues it once with the same
+    parameters (Optuna's retry record), and a launcher's SIGTERM meanwhile waits instead of interrupting it."""
+    from fxforge.search.ddp_trial import RankStopped, _Leader
+
+    study = optuna.create_study()
+
+    def evaluate(trial: optuna.Trial) -> float:
+        trial.suggest_int("w", 2, 8)
+        trial.set_user_attr("fxforge_plan", {"steps": [], "train": True})
+        leader.on_start()  # what DDPTask.train does first, then trains, then reports its status
+        leader.on_end({"rank": 0, "rows": 4})
+        return 1.0
+
+    leader = _Leader(TrialChannel(_PeerGone()), evaluate)
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        study.optimize(leader.trial_evaluate, n_trials=1)
+    leader.on_sigterm(signal.SIGTERM, None)  # masked from the failure on: recorded, not raised
+    assert leader.stopping["deferred"]
+    leader.requeue(max_retry=3)
+    failed, retry = study.trials
+    assert failed.state == optuna.trial.TrialState.FAIL and retry.state == optuna.trial.TrialState.WAITING
+    assert retry.params == failed.params and retry.system_attrs["failed_trial"] == failed.number
+    healthy = _Leader(TrialChannel(_PeerGone()), evaluate)
+    with pytest.raises(RankStopped):  # outside a failure the launcher's SIGTERM stops rank 0 at once
+        healthy.on_sigterm(signal.SIGTERM, None)
+
+
 def test_ddp_refuses_what_it_cannot_run() -> None:
     """Settings no job could run and tasks that train their own way are refused before any process starts."""
     with pytest.raises(DDPError, match="nproc must be an integer >= 1"):
