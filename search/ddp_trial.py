@@ -112,7 +112,7 @@ class _Leader:
     channel: TrialChannel
     evaluate: Callable[[optuna.Trial], Any]
     current: optuna.Trial | None = None
-    failed: optuna.Trial | None = None  # the trial a failure interrupted while the ranks trained together
+    failed: optuna.Trial | None = None  # the trial a dead rank interrupted (to re-queue)
     in_collective: bool = False
     stopping: dict[str, bool] = field(default_factory=lambda: {"masked": False, "deferred": False})
 
@@ -199,9 +199,10 @@ def _follow(search: Search, inner: Any, channel: TrialChannel, options: DDPOptio
 
 
 def _try(fn: Callable[[], Any]) -> None:
+    """``fn()`` when the group still works; nothing when it is broken (the other ranks then fail by themselves)."""
     try:
         fn()
-    except Exception:  # a broken group: the others fail on their own
+    except Exception:
         pass
 
 
