@@ -164,6 +164,7 @@ class QuantizeConfig:
             raise QuantizeConfigError(f"quantization config must be a dict, got {type(pass_args).__name__}")
         args = copy.deepcopy(dict(pass_args))
         by = args.pop("by", "type")
+        by = "regex" if by == "regex_name" else by  # MASE's module pass spells it regex_name
         if by not in BY:
             raise QuantizeConfigError(f"'by' must be one of {list(BY)}, got {by!r}")
         default = cls._entry(args.pop("default", {"config": {"name": None}}), "default")

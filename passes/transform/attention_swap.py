@@ -9,9 +9,11 @@ grouped-query attention that pooled heads define. The cost is reported: the rela
 weights per layer and, over ``data`` (or the graph's example inputs), the relative error and SQNR of the
 outputs. A short fine-tune recovers it (examples/attention_swap.py).
 
-MASE also converts GPT-2 / Llama attention to multi-head latent attention (MLA); fxforge does not (see
-docs: MASE's MLA builds a DeepSeek MLA module from truncated SVD factors of the key/value weights with padding,
-which does not reproduce the source attention, and MLA's gain is a compressed KV cache these graphs do not hold).
+MASE also converts attention to multi-head latent attention (MLA); fxforge does not. MASE's GPT-2 path builds a
+DeepSeek MLA module from truncated SVD factors of the key/value weights, padded or cropped to the module's fixed
+rank and with its kv_norm filled at random, so it does not reproduce the source attention; its Llama path rewrites
+HF's attention modules in place (latent up-projections of the GQA heads). MLA's gain is a compressed KV cache,
+which fxforge's captured graphs (no cache) do not hold; grouped-query attention is exact to its definition here.
 """
 
 from __future__ import annotations

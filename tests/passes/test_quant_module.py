@@ -130,5 +130,7 @@ def test_by_name_mxint_bits_and_refusals() -> None:
     graph = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids"])
     with pytest.raises(TypeError, match="plain nn.Module"):
         quantize_module_transform_pass(graph, cfg)
+    _, info = quantize_module_transform_pass(model, {"by": "regex_name", "b.g": cfg["big"]})  # MASE's spelling
+    assert info.quantized_modules == ["big"]
     same, _ = quantize_module_transform_pass.apply_inplace(model, cfg)
     assert same is model and isinstance(model.big, QuantizedLinear)
