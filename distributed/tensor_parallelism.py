@@ -148,6 +148,15 @@ def _order(shards: list[int], what: str, world: int) -> tuple[int, ...]:
     return tuple(sorted(range(len(shards)), key=lambda i: shards[i]))
 
 
+def _linear(gm: nn.Module, path: str) -> nn.Linear:
+    """The plain Linear at ``path``: what ColwiseParallel / RowwiseParallel know how to split."""
+    m = gm.get_submodule(path)
+    if type(m) is not nn.Linear:
+        raise TensorParallelError(f"tensor_parallel: layer {path!r} is a {type(m).__name__}, not a plain Linear: "
+                                  "split the graph before LoRA, quantization or pruning masks (shrink first)")
+    return m
+
+
 def _producers(dep: DependencyGraph, roots: set[int]) -> list[str]:
     return list(dict.fromkeys(p for u, (p, _) in enumerate(dep.units) if dep.find(u) in roots))
 
@@ -171,11 +180,11 @@ def tensor_parallel_plan(mg: ForgeGraph, world_size: int) -> TensorParallelPlan:
     for kind, key, groups, roots in found:
         producers, consumers = _producers(dep, roots), _consumers(dep, roots)
         for path in producers:
-            n = mg.model.get_submodule(path).out_features
+            n = _linear(mg.model, path).out_features
             rows[path] = _order([shard_of.get(dep.root(path, r), -1) for r in range(n)], f"the rows of {path!r}",
                                 world_size)
         for path in consumers:
-            n, mine = mg.model.get_submodule(path).in_features, dep.columns[path]
+            n, mine = _linear(mg.model, path).in_features, dep.columns[path]
             cols[path] = _order([shard_of.get(dep.find(mine[c]), -1) if c in mine else -1 for c in range(n)],
                                 f"the input columns of {path!r}", world_size)
         blocks.append(TPBlock(kind, key, tuple(producers), tuple(consumers), groups))
@@ -204,12 +213,12 @@ def _reorder(gm: nn.Module, plan: TensorParallelPlan) -> None:
     """Permute rows / columns so each rank's contiguous shard holds its own groups (a fused q/k/v layer)."""
     with torch.no_grad():
         for path, order in plan.row_order.items():
-            m, idx = gm.get_submodule(path), torch.tensor(order)
+            m, idx = _linear(gm, path), torch.tensor(order)
             m.weight.copy_(m.weight[idx])
             if m.bias is not None:
                 m.bias.copy_(m.bias[idx])
         for path, order in plan.col_order.items():
-            m = gm.get_submodule(path)
+            m = _linear(gm, path)
             m.weight.copy_(m.weight[:, torch.tensor(order)])
 
 
@@ -252,13 +261,12 @@ def tensor_parallel(mg: ForgeGraph, mesh: Any = None,
         raise TensorParallelError(f"tensor_parallel: the plan is for {plan.world_size} ranks, the mesh has {world}")
     gm = mg.model
     params_global = sum(p.numel() for p in gm.parameters())
-    sharded = [gm.get_submodule(p).weight for p in plan.colwise + plan.rowwise]
-    sharded_global = sum(w.numel() for w in sharded)
+    sharded_global = sum(_linear(gm, p).weight.numel() for p in plan.colwise + plan.rowwise)
     localize_graph(mg, plan, rank)
     styles: dict[str, Any] = {p: ColwiseParallel() for p in plan.colwise}
     styles.update({p: RowwiseParallel() for p in plan.rowwise})
     parallelize_module(gm, mesh, styles)
-    sharded = [gm.get_submodule(p).weight for p in plan.colwise + plan.rowwise]
+    sharded = [_linear(gm, p).weight for p in plan.colwise + plan.rowwise]
     info = TensorParallelInfo(plan, rank, sharded_global, sum(_local(w) for w in sharded), params_global,
                               sum(_local(p) for p in gm.parameters()))
     return mg, info
