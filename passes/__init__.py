@@ -5,6 +5,7 @@ from .analysis.count_op import count_op_analysis_pass
 from .analysis.hardware_estimate import hardware_estimate_analysis_pass
 from .analysis.liveness import liveness_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
+from .analysis.natural_sparsity import add_natural_sparsity_metadata_analysis_pass
 from .analysis.profile import profile_analysis_pass
 from .analysis.profile_statistics import profile_statistics_analysis_pass
 from .analysis.report_graph import report_graph_analysis_pass
@@ -43,7 +44,13 @@ from .contract import (
 from .lora_checkpoint import load_lora_adapters, save_lora_adapters
 from .memory.activation_checkpoint import activation_checkpoint_transform_pass
 from .memory.buffer_reuse import buffer_reuse_transform_pass
-from .prune import prune_transform_pass, shrink_transform_pass
+from .prune import (
+    add_movement_metadata_analysis_pass,
+    hook_inspection_analysis_pass,
+    prune_detach_hook_transform_pass,
+    prune_transform_pass,
+    shrink_transform_pass,
+)
 from .quantize import (
     calculate_avg_bits_module_analysis_pass,
     calibrate_analysis_pass,
@@ -108,6 +115,10 @@ __all__ = [
     "lower_weight_only_transform_pass",
     "prune_transform_pass",
     "shrink_transform_pass",
+    "add_movement_metadata_analysis_pass",
+    "add_natural_sparsity_metadata_analysis_pass",
+    "prune_detach_hook_transform_pass",
+    "hook_inspection_analysis_pass",
     "fuse_kernels_transform_pass",
     "afno_real_arithmetic_transform_pass",
     "emit_verilog_transform_pass",

@@ -73,6 +73,11 @@ CASES: dict[str, PassCase] = {
     "shrink_transform_pass": PassCase(_none, (("prune_transform_pass", lambda d: {  # 1 FFN unit per layer
         "weight": {"sparsity": 0.02, "granularity": "ffn"}}),)),
     "conv_bn_fusion_transform_pass": PassCase(_none),
+    "add_movement_metadata_analysis_pass": PassCase(_none, (("init_metadata_analysis_pass", _none),)),
+    "add_natural_sparsity_metadata_analysis_pass": PassCase(lambda d: {"data": d},
+                                                            (("init_metadata_analysis_pass", _none),)),
+    "prune_detach_hook_transform_pass": PassCase(_none),
+    "hook_inspection_analysis_pass": PassCase(_none),
     "attention_swap_transform_pass": PassCase(lambda d: {"kv_heads": 1}, _SHAPES),
     "cse_transform_pass": PassCase(_none),
     "dce_transform_pass": PassCase(_none),

@@ -1,13 +1,14 @@
 """MASE's pruning config, validated: ``{"weight": {...}, "activation": {...}}`` sections.
 
 Each section takes ``sparsity`` (a fraction in [0, 1)), ``method`` (``random`` | ``l1`` | ``l2`` |
-``taylor``; MASE's ``l1-norm`` / ``l2-norm`` spellings are accepted), ``scope`` (``local``: one threshold
-per layer -- per attention for heads --; ``global``: one threshold over every selected layer) and, for
-weights, ``granularity`` (``elementwise`` | ``row`` (= ``channel``: output features / conv channels) |
-``head`` (attention heads: q/k/v rows together) | ``ffn`` (feed-forward units: a Linear whose rows feed
-an activation and a Linear back to the same width)). Activation pruning (off by default) masks each
-selected layer's input at run time: ``l1`` keeps the largest |x| (``local``: per row, ``global``: per
-tensor) or ``random``.
+``taylor`` | ``movement``; MASE's ``l1-norm`` / ``l2-norm`` spellings are accepted; ``movement`` reads the
+scores add_movement_metadata_analysis_pass recorded during training, passes/prune/movement.py), ``scope``
+(``local``: one threshold per layer -- per attention for heads --; ``global``: one threshold over every
+selected layer) and, for weights, ``granularity`` (``elementwise`` | ``row`` (= ``channel``: output
+features / conv channels) | ``head`` (attention heads: q/k/v rows together) | ``ffn`` (feed-forward units: a
+Linear whose rows feed an activation and a Linear back to the same width)). Activation pruning (off by
+default) masks each selected layer's input at run time: ``l1`` keeps the largest |x| (``local``: per row,
+``global``: per tensor) or ``random``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from ..select import parse_selector_fields
 
 __all__ = ["PruneSection", "PruneArgs", "METHODS", "SCOPES", "GRANULARITIES"]
 
-METHODS: tuple[str, ...] = ("random", "l1", "l2", "taylor")
+METHODS: tuple[str, ...] = ("random", "l1", "l2", "taylor", "movement")
 ACT_METHODS: tuple[str, ...] = ("random", "l1")
 SCOPES: tuple[str, ...] = ("local", "global")
 GRANULARITIES: tuple[str, ...] = ("elementwise", "row", "channel", "head", "ffn")
-_ALIASES = {"l1-norm": "l1", "l2-norm": "l2", "l1_norm": "l1", "l2_norm": "l2", "movement": "taylor"}
+_ALIASES = {"l1-norm": "l1", "l2-norm": "l2", "l1_norm": "l1", "l2_norm": "l2"}
 SECTION_KEYS: tuple[str, ...] = ("sparsity", "method", "scope", "granularity")
 
 

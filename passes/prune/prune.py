@@ -27,6 +27,7 @@ from .config import PruneArgs, PruneSection
 from .ffn import ffn_units
 from .groups import DependencyGraph, GroupError, analyse_dependencies
 from .modules import MaskedLayer, PrunableLayer, is_masked, is_prunable, pruned_from
+from .movement import movement_scores
 from .scores import unit_taylor_scores, weight_scores
 
 __all__ = ["prune_transform_pass", "PruneInfo", "LayerSparsity"]
@@ -171,13 +172,16 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
     if structured is not None:  # head / ffn: only the layers in those groups are wrapped (found before any change)
         dep = analyse_dependencies(gm, graph.example_inputs) if structured.granularity != "row" else None
         selected, units = _structured_units(structured, dep, selected, dict(gm.named_modules()), explicit)
+    recorded = movement_scores(graph, selected) if sec is not None and sec.sparsity > 0 and sec.method == "movement" \
+        else None  # read from the nodes' metadata before the layers are swapped
     inject_modules(gm, {"name": sorted(selected)}, None,
                    lambda name, m: pruned_from(m) if name in selected else None, what="Linear / Conv layer")
     layers = {p: _masked_layer(gm, p) for p in selected}
     units_pruned = units_total = 0
     if sec is not None and sec.sparsity > 0:
         if sec.granularity == "elementwise":
-            scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn, args.seed)
+            scores = recorded if recorded is not None else weight_scores(
+                graph, layers, sec.method, args.data, args.num_batches, args.loss_fn, args.seed)
             if sec.scope == "global":
                 flat = torch.cat([s.reshape(-1) for s in scores.values()])
                 drop = _lowest(flat, sec.sparsity).split([s.numel() for s in scores.values()])
@@ -192,6 +196,8 @@ def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph
             unit_scores: dict[str, torch.Tensor] | list[float]
             if sec.method == "taylor" and dep is not None:  # head / ffn: one loss-change estimate per unit
                 unit_scores = unit_taylor_scores(graph, dep, units, args.data, args.num_batches, args.loss_fn)
+            elif recorded is not None:  # movement: element scores summed per unit, like l1 / l2
+                unit_scores = recorded
             else:
                 unit_scores = weight_scores(graph, layers, sec.method, args.data, args.num_batches, args.loss_fn,
                                             args.seed)

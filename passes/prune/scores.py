@@ -1,5 +1,6 @@
 """Importance scores per weight element: random, |w| (l1), w^2 (l2), |w * dL/dw| summed over calibration
-batches (taylor, first-order Taylor / movement-style, data-driven)."""
+batches (taylor, first-order Taylor, data-driven). Movement scores are recorded during training instead
+(passes/prune/movement.py)."""
 
 from __future__ import annotations
 
