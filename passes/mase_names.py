@@ -101,11 +101,16 @@ MASE_NAMES: tuple[MaseName, ...] = (
     _p("add_pruning_metadata_analysis_pass", "prune_transform_pass", "not planned",
        "prune_transform_pass's info already reports each layer's weight and activation sparsity; masks live "
        "in the pruned modules, not in metadata", short="add_pruning_metadata"),
-    _p("add_natural_sparsity_metadata_analysis_pass", "add_natural_sparsity_metadata_analysis_pass", "planned",
-       short="add_natural_sparsity", issue=35),
-    _p("add_movement_metadata_analysis_pass", "add_movement_metadata_analysis_pass", "planned", issue=35),
-    _p("hook_inspection_analysis_pass", "hook_inspection_analysis_pass", "planned",
-       "fxforge installs no hooks; to be accepted as a no-op", short="hook_inspection", issue=35),
+    _p("add_natural_sparsity_metadata_analysis_pass", "add_natural_sparsity_metadata_analysis_pass", "different",
+       "records the fraction of exact zeros (MASE's `natural_sparsity` was the fraction of non-zeros) per effective "
+       "weight and input activation in a typed record; `dummy_in` becomes `data` (batches); `add_meta` is refused "
+       "(always recorded)", short="add_natural_sparsity"),
+    _p("add_movement_metadata_analysis_pass", "add_movement_metadata_analysis_pass", "different",
+       "MASE only attaches zero scores to the modules; fxforge also accumulates -w * grad per optimizer step "
+       "(`info.tracker.step()`, or pass `trainer`) into typed records that prune's method \"movement\" reads"),
+    _p("hook_inspection_analysis_pass", "hook_inspection_analysis_pass", "different",
+       "a no-op with a one-line notice: fxforge's pruning installs no hooks; lists any user hooks on Linear / "
+       "Conv modules in info.hooks", short="hook_inspection"),
     _p("verify_common_metadata_analysis_pass", "verify_common_metadata_analysis_pass", "different",
        "compares every node with a fresh analysis (MASE: local checks of a few ops) and reports every mismatch; "
        "raises unless `raise_on_mismatch: False`", short="verify_common_metadata"),
@@ -124,8 +129,9 @@ MASE_NAMES: tuple[MaseName, ...] = (
        "`original_graph` becomes `baseline`; `save_dir` is dropped (the info holds the rows; print_table prints them)",
        short="summarize_quantization"),
     _p("prune_transform_pass", "prune_transform_pass", "same", "MASE's `weight` / `activation` config", short="prune"),
-    _p("prune_detach_hook_transform_pass", "prune_detach_hook_transform_pass", "planned",
-       "fxforge installs no hooks; to be accepted as a no-op", short="prune_detach_hook", issue=35),
+    _p("prune_detach_hook_transform_pass", "prune_detach_hook_transform_pass", "different",
+       "a no-op with a one-line notice: fxforge's masks are buffers applied in the pruned layers' forward, there "
+       "is no hook to detach", short="prune_detach_hook"),
     _p("conv_bn_fusion_transform_pass", "conv_bn_fusion_transform_pass", "same",
        "BatchNorm folded into the preceding conv / linear of an eval graph", short="conv_bn_fusion"),
     _p("logicnets_fusion_transform_pass", "fuse_kernels_transform_pass", "not planned",
