@@ -223,7 +223,7 @@ def build_hierarchy(mg: ForgeGraph, sensitivity: Any = None, sqnr: Mapping[str, 
         label = _group_label(g, p or "") if p is not None else "model"
         kind = types.get(g, "")
         items[gid[g]] = ViewItem(gid[g], "group", label, g, None if p is None else gid[p], info={"module": kind})
-    edges = []
+    edges: list[tuple[str, str]] = []
     for node in mg.nodes:
         nid = f"n:{node.name}"
         path, g = paths[node.name], home[node.name]
@@ -299,7 +299,8 @@ def _finish(items: dict[str, ViewItem], root: str, edges: list[tuple[str, str]],
     visit(root)
     chain: dict[str, list[str]] = {}
     for i in items:
-        up, seq = i, []
+        up: str | None = i
+        seq: list[str] = []
         while up is not None:
             seq.append(up)
             up = items[up].parent

@@ -39,7 +39,7 @@ class Overlay:
 
 
 OVERLAYS: tuple[Overlay, ...] = (
-    Overlay("bits", "precision (bits)", "bits", "min", higher_is_worse=False),
+    Overlay("bits", "precision (bits)", "bits", "min", log=True, higher_is_worse=False),
     Overlay("sparsity", "weight sparsity", "fraction", "weighted", higher_is_worse=False),
     Overlay("params", "parameters", "", "sum", log=True),
     Overlay("flops", "FLOPs", "", "sum", log=True),
@@ -80,8 +80,8 @@ def node_precision(node: fx.Node) -> tuple[str, int | None]:
     outs = [v for v in meta.common.results.values() if v.type == "tensor" and v.dtype]
     if not outs:
         return "", None
-    dtype = outs[0].dtype or ""
-    return dtype, (outs[0].precision or (None,))[0]
+    dtype = outs[0].dtype or ""  # index and mask tensors (int64, bool) carry no arithmetic precision to colour
+    return dtype, (outs[0].precision or (None,))[0] if "float" in dtype else None
 
 
 def _params(node: fx.Node, root: nn.Module) -> int | None:
