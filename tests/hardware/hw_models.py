@@ -27,14 +27,17 @@ class MLP(nn.Module):
 class FFNBlock(nn.Module):
     """A transformer layer's FFN block: x + W2 relu(W1 x), then a classifier head."""
 
-    def __init__(self, d: int = 8, hidden: int = 16, classes: int = 4, head: bool = True) -> None:
+    def __init__(self, d: int = 8, hidden: int = 16, classes: int = 4, head: bool = True,
+                 argmax: bool = False) -> None:
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
         self.head = nn.Linear(d, classes) if head else None
+        self.argmax = argmax
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x + self.fc2(torch.relu(self.fc1(x)))
-        return y if self.head is None else self.head(y)
+        y = y if self.head is None else self.head(y)
+        return y.argmax(-1) if self.argmax else y
 
 
 def fixed_config(width: int, frac: int, weight_frac: int | None = None, out_frac: int | None = None) -> dict[str, Any]:

@@ -5,7 +5,9 @@ slow tests (make test-slow)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from fxforge import ForgeGraph
 from fxforge.hardware import build_hw_graph, dequantize, integer_forward, quantize_input
-from fxforge.hardware.simulate import simulate_design, verilator_bin_dir
+from fxforge.hardware.simulate import SimulationError, simulate_design, verilator_bin_dir
 from fxforge.passes import emit_verilog_transform_pass, hardware_estimate_analysis_pass
 
 pytestmark = pytest.mark.slow
@@ -25,9 +27,10 @@ PAR = {"data_in_0": 2, "fc1": 4, "fc2": 2}
 
 
 @pytest.fixture(scope="session")
-def build_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One Verilator build per design for the whole test session."""
-    return tmp_path_factory.mktemp("hw-builds")
+def build_root() -> Path:
+    """Where Verilator builds are cached by source hash (one ~60 s build per design): outside pytest's basetemp,
+    which concurrent pytest sessions on a shared machine prune while a long session still builds there."""
+    return Path(os.environ.get("FXFORGE_HW_BUILD_ROOT") or Path(tempfile.gettempdir()) / "fxforge-hw-builds")
 
 
 def mixed_config() -> dict[str, Any]:
@@ -94,20 +97,9 @@ def test_widths_bit_exact_on_verilator(tmp_path: Path, build_root: Path, case: s
         "mixed_2_4_8_16": (lambda: quantized(MLP(argmax=False), mixed_config()), 2.0),
         "uniform_2": (lambda: quantized(MLP(argmax=False), fixed_config(2, 0, 1, 0)), 1.0),
         "ffn_16": (lambda: quantized(FFNBlock(head=False), fixed_config(16, 9, 10, 8)), 64.0),
-        "ffn_head_argmax_4": (lambda: quantized(_WithArgmax(FFNBlock()), fixed_config(4, 2, 3, 1)), 2.0),
+        "ffn_head_argmax_4": (lambda: quantized(FFNBlock(argmax=True), fixed_config(4, 2, 3, 1)), 2.0),
     }[case]
     check(graph(), tmp_path / "rtl", build_root, 200, scale=scale)
-
-
-class _WithArgmax(torch.nn.Module):
-    """A model's class index (the classifier's argmax)."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x).argmax(-1)
 
 
 def test_a_width_changed_on_one_side_only_fails(tmp_path: Path, build_root: Path) -> None:
@@ -121,14 +113,24 @@ def test_a_width_changed_on_one_side_only_fails(tmp_path: Path, build_root: Path
     narrower["linear"] = {"config": {**narrower["default"]["config"], "data_out_width": 7}}
     g7 = quantized(MLP(argmax=False), narrower)
     assert not torch.equal(res.outputs, integer_forward(build_hw_graph(g7, dict(PAR)), x_int))
-    # the RTL side: fc1's output requantizer one bit narrower in the emitted top only
+    # the RTL side: fc1's output requantizer one bit narrower in the emitted top only: Verilator refuses the build
     top = (rtl / "top.sv").read_text()
-    head, sep, tail = top.partition("u_fc1_data_out")
-    assert sep and ".DATA_OUT_0_PRECISION_0(8)" in head[-400:]
-    cut = head.rfind(".DATA_OUT_0_PRECISION_0(8)")
-    (rtl / "top.sv").write_text(head[:cut] + ".DATA_OUT_0_PRECISION_0(7)" + head[cut + 26:] + sep + tail)
+    (rtl / "top.sv").write_text(_retune(top, "u_fc1_data_out", "DATA_OUT_0_PRECISION_0", 8, 7))
+    with pytest.raises(SimulationError, match="s_fc1_data_out"):
+        simulate_design(rtl, x_int, build_root=build_root)
+    # ... and its fraction width one less: it builds, and the integers differ
+    (rtl / "top.sv").write_text(_retune(top, "u_fc1_data_out", "DATA_OUT_0_PRECISION_1", 3, 2))
     changed = simulate_design(rtl, x_int, build_root=build_root)
     assert not torch.equal(changed.outputs, integer_forward(build_hw_graph(g, dict(PAR)), x_int))
+
+
+def _retune(top: str, instance: str, param: str, was: int, now: int) -> str:
+    """``top`` with ``param`` of ``instance`` (in its ``#( ... )`` list, just before the name) set to ``now``."""
+    old, new = f".{param}({was})", f".{param}({now})"
+    head, sep, tail = top.partition(f" {instance} ")
+    cut = head.rfind(old)
+    assert sep and cut > head.rfind(";"), (instance, old)
+    return head[:cut] + new + head[cut + len(old):] + sep + tail
 
 
 def test_cli_emits_and_simulates_a_checkpoint(tmp_path: Path, build_root: Path) -> None:
