@@ -216,14 +216,16 @@ def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
         os.kill(os.getpid(), signal.SIGKILL)
     losses: list[torch.Tensor] = []
     args = [t.to(device) for t in flat] if rank == 0 else []
-    kwargs: dict[str, Any] = {"target": target.to(device), "losses": losses} if train and rank == world - 1 else {}
+    kwargs: dict[str, Any] = {}
+    if target is not None and rank == world - 1:
+        kwargs = {"target": target.to(device), "losses": losses}
     with torch.set_grad_enabled(train):
         out = schedule.step(*args, **kwargs)
     names: tuple[str, ...] = ()
     if job.output is not None or not train:
-        outs = out if rank == world - 1 else None
+        outs: Any = out if rank == world - 1 else None
         if world > 1 and rank in (0, world - 1):
-            box = [outs]
+            box: list[Any] = [outs]
             (dist.send_object_list(box, dst=0, device=device) if rank == world - 1
              else dist.recv_object_list(box, src=world - 1, device=device))
             outs = box[0]
