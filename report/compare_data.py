@@ -104,11 +104,7 @@ def _op(gm: fx.GraphModule, nodes: list[str]) -> str:
 
 
 def _state(gm: fx.GraphModule, path: str) -> dict[str, torch.Tensor]:
-    try:
-        value = gm.get_submodule(path)
-    except AttributeError:
-        owner, _, attr = path.rpartition(".")
-        value = getattr(gm.get_submodule(owner) if owner else gm, attr, None)
+    value = _owner(gm, path)
     if isinstance(value, nn.Module):
         return {k: v.detach() for k, v in value.state_dict().items()}
     return {"": value.detach()} if isinstance(value, torch.Tensor) else {}

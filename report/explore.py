@@ -43,7 +43,7 @@ class ExplorerFiles:
 
 def _import_model_explorer() -> Any:
     try:
-        import model_explorer
+        import model_explorer  # type: ignore[import-untyped]  # no py.typed in 0.1.34
     except ImportError as exc:
         raise ExplorerError("fxforge explore needs Model Explorer: pip install ai-edge-model-explorer") from exc
     return model_explorer
@@ -94,7 +94,12 @@ def _file_name(key: str) -> str:
 def write_node_data(mg: ForgeGraph, program: torch.export.ExportedProgram, out_dir: str | Path) -> dict[str, Path]:
     """One Model Explorer node-data JSON per overlay that has values (overlay key -> file), in ``out_dir``."""
     _import_model_explorer()  # a clear error when the package is missing
-    from model_explorer.node_data_builder import GradientItem, GraphNodeData, ModelNodeData, NodeDataResult
+    from model_explorer.node_data_builder import (  # type: ignore[import-untyped]
+        GradientItem,
+        GraphNodeData,
+        ModelNodeData,
+        NodeDataResult,
+    )
 
     from .overlays import node_values
 

@@ -10,6 +10,7 @@ is all fANOVA reads of it. The data reaches the page as one JSON block (``<`` an
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -123,6 +124,11 @@ def study_from_results(doc: Mapping[str, Any]) -> optuna.Study:
     return study
 
 
+def _value(trial: optuna.trial.FrozenTrial, index: int) -> float:
+    """The trial's ``index``-th objective value (an importance's target)."""
+    return float(trial.values[index])
+
+
 def param_importances(study: optuna.Study, objectives: Sequence[str]) -> tuple[dict[str, dict[str, float]], str]:
     """Objective -> {param: importance} (fANOVA, seed 0), and a note when they could not be computed."""
     import optuna
@@ -135,7 +141,7 @@ def param_importances(study: optuna.Study, objectives: Sequence[str]) -> tuple[d
     for i, name in enumerate(objectives):
         try:
             found = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0),
-                                          target=lambda t, i=i: t.values[i])
+                                          target=functools.partial(_value, index=i))
             out[name] = {k: float(v) for k, v in found.items()}
         except (RuntimeError, ValueError) as exc:  # e.g. every trial with the same parameters
             return out, f"Parameter importances not computed for {name}: {exc}"
