@@ -53,6 +53,16 @@ def test_default_view_opens_on_the_model_layers(quantized: Any) -> None:
     assert h.items[QUERY].path == "bert.encoder.layer.0.attention.self.query"
 
 
+def test_default_view_stays_within_its_box_budget(quantized: Any) -> None:
+    from fxforge.report.hierarchy import _visible, build_hierarchy
+
+    full = build_hierarchy(quantized)
+    assert _visible(full.items, full.root, set(full.expanded)) > 8
+    h = build_hierarchy(quantized, max_boxes=8)  # too few for the layers: their list stays closed
+    assert "g:bert.encoder.layer" not in h.expanded and h.root in h.expanded
+    assert _visible(h.items, h.root, set(h.expanded)) <= 8
+
+
 def test_every_group_has_a_layered_layout_of_its_children(quantized: Any) -> None:
     from fxforge.report.hierarchy import build_hierarchy
 
