@@ -229,8 +229,11 @@ def test_natural_sparsity_equals_a_direct_count(dims: tuple[int, int, int]) -> N
     assert info.batches == 2
 
 
-def test_natural_sparsity_refuses_an_empty_data_iterable() -> None:
+def test_natural_sparsity_counts_pruning_masks_and_refuses_an_empty_data_iterable() -> None:
     mg = _graph(MLP(8, 16, 3), torch.randn(4, 8))
+    pruned, _ = prune_transform_pass(mg, {"weight": {"sparsity": 0.5}})
+    _, info = passes.add_natural_sparsity_metadata_analysis_pass(pruned)  # the example inputs by default
+    assert info.layers["fc1"].weight == 0.5 and info.layers["fc2"].weight == 0.5 and info.batches == 1
     with pytest.raises(PassError, match="add_natural_sparsity_metadata_analysis_pass.*no batch"):
         passes.get_pass("add_natural_sparsity_metadata_analysis_pass")(mg, {"data": []})
 
