@@ -73,8 +73,12 @@ def test_explore_serves_the_graph_and_its_node_data_headless(tmp_path: Path) -> 
     node-data file it was given names nodes of that graph; stopped by its pid within a bounded time."""
     from cli.cli_support import fxforge_script, make_checkpoint
 
+    from fxforge.cli.app import main
+
     ckpt = tmp_path / "quantized"
     make_checkpoint(ckpt)
+    assert main(["explore", str(ckpt), "--no-serve", "--out", str(tmp_path / "files")]) == 0  # files only, no server
+    assert (tmp_path / "files" / "fxforge_params.json").is_file()
     port, out = _free_port(), tmp_path / "node-data"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen([str(fxforge_script()), "explore", str(ckpt), "--no-open", "--port", str(port),
