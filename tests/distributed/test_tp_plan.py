@@ -129,3 +129,12 @@ def test_local_graphs_of_all_ranks_sum_to_the_whole_output() -> None:
             proj.weight = nn.Parameter(proj.weight.chunk(2, dim=1)[rank])
             total += local(x)
     assert (total - whole).abs().max() <= 1e-6
+
+
+def test_masked_layers_are_refused_naming_one(graphs: dict[str, ForgeGraph]) -> None:
+    from fxforge.passes.prune import prune_transform_pass
+
+    pruned, _ = prune_transform_pass(graphs["gpt"].copy(), {"weight": {"sparsity": 0.25, "granularity": "ffn"}})
+    with pytest.raises(TensorParallelError, match=r"layer 'blocks\.0\.mlp\.c_fc' is a PrunedLinear, not a plain "
+                                                  r"Linear: .*shrink first"):
+        tensor_parallel_plan(pruned, 2)
