@@ -5,6 +5,7 @@ from .attention import QuantizedSDPA
 from .calibrate import calibrate_analysis_pass, calibrate_transform_pass
 from .config import OpQuantConfig, QuantizeConfig, QuantizeConfigError, RoleSpec
 from .formats import FORMATS, ROLES
+from .gptq import gptq_transform_pass
 from .lower import Int8Linear, lower_int8_transform_pass
 from .lower_weight_only import lower_weight_only_transform_pass
 from .module_pass import calculate_avg_bits_module_analysis_pass, quantize_module_transform_pass
@@ -42,6 +43,7 @@ __all__ = [
     "calibrate_analysis_pass",
     "calibrate_transform_pass",
     "calculate_avg_bits_module_analysis_pass",
+    "gptq_transform_pass",
     "lower_int8_transform_pass",
     "lower_weight_only_transform_pass",
     "pack_layer_weight",

@@ -1,0 +1,200 @@
+"""gptq_transform_pass: data-aware weight rounding (GPTQ) inside fxforge's own quantized layers.
+
+The graph is quantized by ``quantize_transform_pass`` with the same config, so the result has exactly its
+layer types, quantizers and records (it packs, lowers and checkpoints like any quantized graph). Then, for
+each quantized Linear, H = 2XᵀX/N is accumulated from the layer's real inputs over the calibration batches
+(quantizers off: the float graph's activations; all layers from one run, not layer by layer) and the float
+weight is replaced by its GPTQ rounding on the layer's own grid (``gptq_solver``). The layer re-quantizes
+that weight in its forward and gets it back unchanged.
+
+Supported weight formats: ``integer`` (fixed or ``auto`` fraction width), ``scaled_integer`` (per tensor or
+per channel, symmetric or not) and ``minifloat``. Block formats (``mxint``, ``block_fp``, ``mxfp``) take their
+shared exponent from each block's values; they are refused for now (round-to-nearest: quantize_transform_pass).
+Conv layers and layers wrapped by another module (LoRA) keep round-to-nearest and are listed in ``skipped``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ...graph.forge_graph import ForgeGraph
+from ..base import PassArgsError, forge_pass
+from ..batching import evaluating, iter_batches, run_batch
+from ..contract import NumericalContract, PassInfo
+from .config import QuantizeConfig
+from .fixed import tensor_range
+from .formats import QuantContext
+from .gptq_solver import gptq_round, reconstruction_error
+from .modules import QuantizedLinear
+from .quantizer import Quantize
+from .state import quantizers as all_quantizers
+from .transform import quantize_transform_pass
+
+__all__ = ["gptq_transform_pass", "GptqArgs", "GptqInfo", "column_quantizer"]
+
+_BLOCK_FORMATS = ("mxint", "block_fp", "mxfp")
+
+
+@dataclass(frozen=True)
+class GptqArgs:
+    """config: the MASE quantization config (as for quantize_transform_pass); data: calibration batches (None:
+    the example inputs); num_batches: stop after this many; damp: fraction of mean(diag H) added to the
+    diagonal; block: columns updated together (speed only); act_order: quantize high-energy inputs first."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    data: Any = None
+    num_batches: int | None = None
+    damp: float = 0.01
+    block: int = 128
+    act_order: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.damp <= 1.0:
+            raise ValueError(f"damp must be in [0, 1], got {self.damp}")
+        if self.block < 1:
+            raise ValueError(f"block must be >= 1, got {self.block}")
+        if self.num_batches is not None and self.num_batches < 1:
+            raise ValueError(f"num_batches must be >= 1 or None, got {self.num_batches}")
+
+
+@dataclass(frozen=True)
+class GptqInfo(PassInfo):
+    """layers: per GPTQ-rounded Linear, the relative output error on the calibration inputs of GPTQ and of
+    round-to-nearest (``{"gptq": .., "rtn": ..}``); skipped: quantized layers left at round-to-nearest, with
+    the reason; batches: calibration batches run; quantized_nodes: as quantize_transform_pass reports."""
+
+    layers: dict[str, dict[str, float]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    batches: int = 0
+    quantized_nodes: int = 0
+
+
+def column_quantizer(wq: Quantize, weight: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """(quantize columns on the grid ``wq`` derives from ``weight``, elements that set that grid's scale).
+
+    The scale (per row or per tensor) is fixed from the float weight as round-to-nearest fixes it; the pinned
+    elements (the row's or tensor's max |w|, or its min and max when asymmetric) keep their rounded value so
+    the grid the layer re-derives from the GPTQ weight is the same one.
+    """
+    w = weight.detach().float()
+    ctx: QuantContext = wq._context(w, 0, 1)
+    fmt, params = wq.fmt, wq.params
+    ctx_cols = QuantContext(1, 0, ctx.scale, ctx.zero_point)
+
+    ranged = fmt.scaled or wq.auto_fixed
+    per_row = wq.auto_fixed or wq.per_channel
+    symmetric = wq.auto_fixed or bool(params.get("symmetric", True))
+    lo = hi = None
+    if ranged:  # values past the float weight's rounded range would move the re-derived scale: clamp to it
+        rtn = fmt.quantize(w, params, ctx_cols)
+        lo, hi = tensor_range(rtn, 0 if per_row else None)
+        if symmetric:
+            hi = torch.maximum(lo.abs(), hi.abs())
+            lo = -hi
+        if per_row:
+            lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)
+
+    def quantize(cols: torch.Tensor) -> torch.Tensor:
+        q = fmt.quantize(cols, params, ctx_cols)
+        return q if lo is None or hi is None else torch.minimum(torch.maximum(q, lo), hi)
+
+    pinned = torch.zeros_like(w, dtype=torch.bool)
+    if ranged:
+        picks = [w.abs()] if symmetric else [w, -w]
+        for score in picks:
+            if per_row:
+                pinned[torch.arange(w.shape[0]), score.argmax(dim=1)] = True
+            else:
+                pinned.view(-1)[score.argmax()] = True
+    return quantize, pinned
+
+
+def _linear_layers(gm: nn.Module) -> tuple[dict[str, QuantizedLinear], dict[str, str]]:
+    """The quantized Linears GPTQ rounds (path -> layer) and the quantized layers it leaves (path -> why)."""
+    chosen: dict[str, QuantizedLinear] = {}
+    skipped: dict[str, str] = {}
+    for path, module in gm.named_modules():
+        wq = getattr(module, "weight_quantizer", None)
+        if not isinstance(wq, Quantize):
+            continue
+        if not isinstance(module, QuantizedLinear):
+            skipped[path] = f"{type(module).__name__}: GPTQ rounds Linear layers only (round-to-nearest kept)"
+        elif wq.fmt.name in _BLOCK_FORMATS:
+            skipped[path] = f"{wq.fmt.name}: block formats are not GPTQ-rounded yet (round-to-nearest kept)"
+        else:
+            chosen[path] = module
+    return chosen, skipped
+
+
+def _hessians(graph: ForgeGraph, layers: dict[str, QuantizedLinear], args: GptqArgs) -> tuple[dict[str, torch.Tensor],
+                                                                                              int]:
+    """H = 2XᵀX/N per layer from its float inputs over the calibration batches (every quantizer off)."""
+    gm = graph.model
+    sums = {p: torch.zeros(m.in_features, m.in_features, dtype=torch.float64) for p, m in layers.items()}
+    counts = dict.fromkeys(layers, 0)
+    handles = []
+    for path, layer in layers.items():
+        def hook(_m: nn.Module, inputs: tuple[Any, ...], _out: Any, path: str = path) -> None:
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(torch.float64)
+            sums[path] += x.T @ x
+            counts[path] += x.shape[0]
+        handles.append(layer.register_forward_hook(hook))
+    qs = list(all_quantizers(gm).values())
+    was = [q.enabled for q in qs]
+    batches = 0
+    try:
+        for q in qs:
+            q.enabled = False
+        with evaluating(gm):
+            for batch in iter_batches(graph, args.data, args.num_batches):
+                run_batch(gm, batch)
+                batches += 1
+    finally:
+        for h in handles:
+            h.remove()
+        for q, e in zip(qs, was):
+            q.enabled = e
+    return {p: 2.0 * sums[p] / max(counts[p], 1) for p in layers if counts[p] > 0}, batches
+
+
+@forge_pass("transform", GptqArgs, info=GptqInfo, forbids=("quantized", "activation-checkpointed"),
+            ensures=("metadata", "quantized"),
+            contract=NumericalContract("bounded", note="quantized weights: GPTQ rounding, error reported per "
+                                                       "layer next to round-to-nearest's"))
+def gptq_transform_pass(graph: ForgeGraph, args: GptqArgs) -> tuple[ForgeGraph, GptqInfo]:
+    """Quantize ``graph`` with ``config`` as quantize_transform_pass does, with GPTQ-rounded Linear weights."""
+    try:
+        QuantizeConfig.from_dict(args.config)
+    except ValueError as exc:
+        raise PassArgsError(f"gptq_transform_pass: config: {exc}") from None
+    graph, qinfo = quantize_transform_pass.apply_inplace(graph, args.config)
+    layers, skipped = _linear_layers(graph.model)
+    if not layers:
+        raise PassArgsError("gptq_transform_pass: the config quantizes no Linear weight in a GPTQ-supported "
+                            "format (integer, scaled_integer, minifloat); give e.g. {'linear': {'config': "
+                            f"{{'name': 'integer', 'weight_width': 4, 'weight_frac_width': 'auto'}}}}; skipped: "
+                            f"{skipped}")
+    hessians, batches = _hessians(graph, layers, args)
+    if batches == 0:
+        raise ValueError("gptq_transform_pass: calibration data is empty; pass {'data': [batch, ...]}")
+    report: dict[str, dict[str, float]] = {}
+    for path, layer in layers.items():
+        h = hessians.get(path)
+        if h is None:
+            skipped[path] = "no calibration batch reached it (round-to-nearest kept)"
+            continue
+        wq = layer.weight_quantizer
+        assert wq is not None
+        w = layer.weight.detach()
+        quantize, pinned = column_quantizer(wq, w)
+        q = gptq_round(w, h, quantize, pinned, damp=args.damp, block=args.block, act_order=args.act_order)
+        rtn = quantize(w.float())
+        report[path] = {"gptq": reconstruction_error(w, q, h), "rtn": reconstruction_error(w, rtn, h)}
+        with torch.no_grad():
+            layer.weight.copy_(q)
+    return graph, GptqInfo(layers=report, skipped=skipped, batches=batches, quantized_nodes=qinfo.quantized_nodes)
+
