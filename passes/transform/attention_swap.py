@@ -118,8 +118,13 @@ def _trace_projection(start: fx.Node, gm: fx.GraphModule) -> tuple[fx.Node, list
     return found[0], path
 
 
-def _int(value: Any, default: int) -> int:
-    return default if value is None else int(value)
+def _int(value: Any, default: int = 0) -> int:
+    """An int argument of a node (``default`` when absent); ValueError for anything computed at run time."""
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"a size or index of the projection's split is {value!r}, not a constant")
 
 
 def _segment(path: list[fx.Node], gm: fx.GraphModule, width: int) -> tuple[int, int, int]:
@@ -133,13 +138,13 @@ def _segment(path: list[fx.Node], gm: fx.GraphModule, width: int) -> tuple[int, 
     if op in ("split", "split_with_sizes", "chunk") and len(path) > 2 and path[2].target is operator.getitem:
         dim = _int(args[2] if len(args) > 2 else kwargs.get("dim"), 0)
         if op == "chunk":
-            step = math.ceil(width / int(args[1]))
+            step = math.ceil(width / _int(args[1]))
             sizes = [min(step, width - i) for i in range(0, width, step)]
         else:
             size = args[1] if len(args) > 1 else kwargs.get("split_size_or_sections", kwargs.get("split_size"))
-            sizes = [int(s) for s in size] if isinstance(size, list | tuple) else \
-                [min(int(size), width - i) for i in range(0, width, int(size))]
-        index = int(path[2].args[1])  # type: ignore[call-overload]
+            sizes = [_int(s) for s in size] if isinstance(size, list | tuple) else \
+                [min(_int(size), width - i) for i in range(0, width, _int(size))]
+        index = _int(path[2].args[1])
         if dim % max(rank, 1) != rank - 1:
             raise ValueError(f"{node.name!r} splits the projection along dim {dim}, not its features")
         return sum(sizes[:index]), sizes[index], 3
@@ -149,7 +154,7 @@ def _segment(path: list[fx.Node], gm: fx.GraphModule, width: int) -> tuple[int, 
             raise ValueError(f"{node.name!r} slices the projection along dim {dim}, not its features")
         start = _int(args[2] if len(args) > 2 else kwargs.get("start"), 0)
         if op == "narrow":
-            return start, int(args[3]), 2  # type: ignore[call-overload]
+            return start, _int(args[3]), 2
         end = min(_int(args[3] if len(args) > 3 else kwargs.get("end"), width), width)
         if _int(args[4] if len(args) > 4 else kwargs.get("step"), 1) != 1:
             raise ValueError(f"{node.name!r} slices the projection with a step")

@@ -54,12 +54,13 @@ class ConvBnFusionInfo(PassInfo):
 def fold_batch_norm(layer: nn.Module, bn: nn.modules.batchnorm._BatchNorm) -> nn.Module:
     """A copy of ``layer`` (Conv1d/2d/3d or Linear) computing ``bn(layer(x))`` with ``bn``'s running statistics."""
     assert bn.running_mean is not None and bn.running_var is not None
-    weight = layer.weight
+    weight, layer_bias = layer.weight, layer.bias
+    assert isinstance(weight, torch.Tensor) and (layer_bias is None or isinstance(layer_bias, torch.Tensor))
     mean, var = bn.running_mean.double(), bn.running_var.double()
     gamma = bn.weight.double() if bn.weight is not None else torch.ones_like(mean)
     beta = bn.bias.double() if bn.bias is not None else torch.zeros_like(mean)
     scale = gamma / torch.sqrt(var + bn.eps)
-    bias = layer.bias.double() if layer.bias is not None else torch.zeros_like(mean)
+    bias = layer_bias.double() if layer_bias is not None else torch.zeros_like(mean)
     new = copy.deepcopy(layer)
     with torch.no_grad():
         w = weight.double() * scale.reshape(-1, *([1] * (weight.dim() - 1)))
