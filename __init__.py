@@ -6,7 +6,11 @@
     mg, _ = passes.add_common_metadata_analysis_pass(mg)
 """
 
-from . import kernels, passes  # kernels: registers torch.ops.fxforge.* (checkpoints name them)
+from . import (
+    hardware,  # registers the hardware passes (emit_verilog, hardware_estimate) and their metadata record
+    kernels,  # registers torch.ops.fxforge.* (checkpoints name them)
+    passes,
+)
 from .graph.capture import CaptureError
 from .graph.forge_graph import ForgeGraph, PassRecord
 from .graph.inputs import ExampleInputs
@@ -14,5 +18,5 @@ from .graph.targets import CheckpointError
 
 MaseGraph = ForgeGraph  # MASE's name, for code moving over from chop (see docs/migration.md)
 
-__all__ = ["CaptureError", "CheckpointError", "ExampleInputs", "ForgeGraph", "MaseGraph", "PassRecord", "kernels",
-           "passes"]
+__all__ = ["CaptureError", "CheckpointError", "ExampleInputs", "ForgeGraph", "MaseGraph", "PassRecord", "hardware",
+           "kernels", "passes"]

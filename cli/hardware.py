@@ -39,7 +39,7 @@ def emit_verilog(
 ) -> None:
     """Write CKPT's fixed-point layers as streaming SystemVerilog (MASE's interface) into OUT."""
     from ..graph.forge_graph import ForgeGraph
-    from ..passes import emit_verilog_transform_pass
+    from ..hardware import emit_verilog_transform_pass
 
     mg = ForgeGraph.from_checkpoint(ckpt)
     _, info = emit_verilog_transform_pass(mg, {"out_dir": str(out), "top": top,

@@ -2,7 +2,6 @@
 
 from .analysis.causality import causality_analysis_pass
 from .analysis.count_op import count_op_analysis_pass
-from .analysis.hardware_estimate import hardware_estimate_analysis_pass
 from .analysis.liveness import liveness_analysis_pass
 from .analysis.metadata import add_common_metadata_analysis_pass, init_metadata_analysis_pass
 from .analysis.natural_sparsity import add_natural_sparsity_metadata_analysis_pass
@@ -64,7 +63,6 @@ from .quantize import (
 from .transform.afno_real import afno_real_arithmetic_transform_pass
 from .transform.attention_swap import attention_swap_transform_pass
 from .transform.conv_bn_fusion import conv_bn_fusion_transform_pass
-from .transform.emit_verilog import emit_verilog_transform_pass
 from .transform.freeze import freeze_transform_pass, unfreeze_transform_pass
 from .transform.fuse_kernels import fuse_kernels_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
@@ -121,8 +119,6 @@ __all__ = [
     "hook_inspection_analysis_pass",
     "fuse_kernels_transform_pass",
     "afno_real_arithmetic_transform_pass",
-    "emit_verilog_transform_pass",
-    "hardware_estimate_analysis_pass",
     "mask_free_activations_transform_pass",
     "cse_transform_pass",
     "dce_transform_pass",

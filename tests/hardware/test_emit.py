@@ -12,9 +12,9 @@ import torch.nn as nn
 from hw_models import MLP, FFNBlock, fixed_config, quantized, sample_inputs
 
 from fxforge import ForgeGraph
-from fxforge.hardware import build_hw_graph, dequantize, integer_forward, quantize_input
+from fxforge.hardware import build_hw_graph, dequantize, emit_verilog_transform_pass, integer_forward, quantize_input
 from fxforge.hardware.rom import pack_words
-from fxforge.passes import PassError, emit_verilog_transform_pass, quantize_transform_pass
+from fxforge.passes import PassError, quantize_transform_pass
 
 WIDTHS = [(2, 0, 1, 0), (4, 2, 3, 1), (8, 4, 5, 3), (16, 9, 10, 8)]  # width, data_in / weight / data_out frac
 

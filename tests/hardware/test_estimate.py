@@ -7,8 +7,8 @@ import pytest
 from hw_models import MLP, FFNBlock, fixed_config, quantized
 
 from fxforge.graph.metadata import get_meta
-from fxforge.passes import PassError, hardware_estimate_analysis_pass
-from fxforge.passes.analysis.hardware_estimate import HardwareEstimateRecord
+from fxforge.hardware import HardwareEstimateRecord, hardware_estimate_analysis_pass
+from fxforge.passes import PassError
 
 
 def test_mlp_resources_follow_the_parallelism() -> None:

@@ -17,9 +17,15 @@ from hw_models import MLP, FFNBlock, fixed_config, quantized, sample_inputs
 from safetensors.torch import load_file, save_file
 
 from fxforge import ForgeGraph
-from fxforge.hardware import build_hw_graph, dequantize, integer_forward, quantize_input
+from fxforge.hardware import (
+    build_hw_graph,
+    dequantize,
+    emit_verilog_transform_pass,
+    hardware_estimate_analysis_pass,
+    integer_forward,
+    quantize_input,
+)
 from fxforge.hardware.simulate import SimulationError, simulate_design, verilator_bin_dir
-from fxforge.passes import emit_verilog_transform_pass, hardware_estimate_analysis_pass
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...graph.forge_graph import ForgeGraph
-from ..base import PassArgsError, PassError, forge_pass
-from ..contract import NumericalContract, PassInfo
+from ..graph.forge_graph import ForgeGraph
+from ..passes.base import PassArgsError, PassError, forge_pass
+from ..passes.contract import NumericalContract, PassInfo
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ def emit_verilog_transform_pass(graph: ForgeGraph, args: EmitVerilogArgs) -> tup
     The RTL computes the integers of :func:`fxforge.hardware.integer_forward`, which equal the quantized
     model's outputs; simulate it with ``fxforge.hardware.simulate.simulate_design``.
     """
-    from ...hardware.emit import emit_design  # hardware/ consumes graphs; imported only when emitting
-    from ...hardware.ir import UnsupportedForHardware, build_hw_graph
+    from .emit import emit_design  # hardware/ consumes graphs; imported only when emitting
+    from .ir import UnsupportedForHardware, build_hw_graph
 
     bad = {k: v for k, v in args.parallelism.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
     if bad:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...graph.forge_graph import ForgeGraph
-from ...graph.metadata import MetaRecord, get_meta, has_meta, register_record
-from ..base import forge_pass
-from ..contract import PassInfo
-from ..propagate import init_node
+from ..graph.forge_graph import ForgeGraph
+from ..graph.metadata import MetaRecord, get_meta, has_meta, register_record
+from ..passes.base import forge_pass
+from ..passes.contract import PassInfo
+from ..passes.propagate import init_node
 
 __all__ = ["hardware_estimate_analysis_pass", "HardwareEstimateRecord", "HardwareEstimateInfo"]
 
@@ -64,8 +64,8 @@ class HardwareEstimateInfo(PassInfo):
 def hardware_estimate_analysis_pass(graph: ForgeGraph,
                                     args: HardwareEstimateArgs) -> tuple[ForgeGraph, HardwareEstimateInfo]:
     """Estimate the emitted design of ``graph`` (refused as by emit_verilog_transform_pass when unsupported)."""
-    from ...hardware.estimate import estimate_design  # hardware/ consumes graphs; imported only when estimating
-    from ...hardware.ir import build_hw_graph
+    from .estimate import estimate_design  # hardware/ consumes graphs; imported only when estimating
+    from .ir import build_hw_graph
 
     if args.clock_mhz <= 0:
         raise ValueError(f"clock_mhz must be > 0, got {args.clock_mhz}")
