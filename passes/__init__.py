@@ -54,6 +54,7 @@ from .quantize import (
     calculate_avg_bits_module_analysis_pass,
     calibrate_analysis_pass,
     calibrate_transform_pass,
+    gptq_transform_pass,
     lower_int8_transform_pass,
     lower_weight_only_transform_pass,
     quantization_report_analysis_pass,
@@ -68,6 +69,7 @@ from .transform.fuse_kernels import fuse_kernels_transform_pass
 from .transform.lora import fuse_lora_weights_transform_pass, insert_lora_adapter_transform_pass
 from .transform.mask_free import mask_free_activations_transform_pass
 from .transform.remove_dropout import remove_dropout_transform_pass
+from .transform.rotate_hadamard import rotate_hadamard_transform_pass
 from .transform.split_stages import split_stages_transform_pass
 
 __all__ = [
@@ -102,6 +104,8 @@ __all__ = [
     "load_lora_adapters",
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
+    "gptq_transform_pass",
+    "rotate_hadamard_transform_pass",
     "quantize_module_transform_pass",
     "conv_bn_fusion_transform_pass",
     "attention_swap_transform_pass",
