@@ -166,11 +166,19 @@ MASE_NAMES: tuple[MaseName, ...] = (
     _p("attention_swap_transform_pass", "attention_swap_transform_pass", "planned", short="attention_swap",
        issue=35),
     _p("resharding_transform_pass", "split_stages_transform_pass", "not planned", _DIST),
-    _p("run_gptq", "gptq_transform_pass", "planned", issue=35),
-    _p("rotate_llama", "rotation_transform_pass", "planned", "name to be settled by its pass", issue=35),
-    _p("rotate_qwen3", "rotation_transform_pass", "planned", "name to be settled by its pass", issue=35),
-    _p("fuse_rms_norms", "rotation_transform_pass", "planned", "fused as part of the rotation pass", issue=35),
-    _p("replace_rms_norms", "rotation_transform_pass", "planned", "replaced as part of the rotation pass", issue=35),
+    _p("run_gptq", "gptq_transform_pass", "different",
+       "a graph pass: `{'config': <quantize config>, 'data': batches}`; the same quantized layers as "
+       "quantize_transform_pass with GPTQ-rounded Linear weights (integer / scaled_integer / minifloat; "
+       "block formats and convs keep round-to-nearest)"),
+    _p("rotate_llama", "rotate_hadamard_transform_pass", "different",
+       "residual-stream Hadamard rotation fused into the weights (RMSNorm scales folded first); QuaRot's per-head "
+       "online rotations are not done; LayerNorm models refused"),
+    _p("rotate_qwen3", "rotate_hadamard_transform_pass", "different",
+       "as rotate_llama (tested on Qwen2-style blocks; Qwen3's per-head q/k norms are left as they are)"),
+    _p("fuse_rms_norms", "rotate_hadamard_transform_pass", "different",
+       "folded into the following linears as the first step of the rotation pass, not a pass of its own"),
+    _p("replace_rms_norms", "rotate_hadamard_transform_pass", "different",
+       "the folded RMSNorm scales are set to 1 in place by the rotation pass; no module is replaced"),
     # hardware and ONNX passes, removed from MASE's main by PR #307 (read at MASE_HARDWARE_COMMIT)
     _p("emit_verilog_top_transform_pass", "emit_verilog_transform_pass", "different",
        "one pass writes the top level, each layer and the weight ROMs (`out_dir`, `top`, `parallelism`)"),
