@@ -75,6 +75,13 @@ def _has_checkpoint_regions(graph: ForgeGraph) -> bool:
     return any(getattr(m, "recomputed_in_backward", False) is True for m in graph.model.modules())
 
 
+def _has_pipeline_stages(graph: ForgeGraph) -> bool:
+    return any(getattr(m, "pipeline_stage", False) is True for m in graph.model.modules())
+
+
+register_property("pipeline-stages", _has_pipeline_stages,
+                  "the graph is a chain of pipeline stages (split_stages_transform_pass), whose layers module "
+                  "transforms cannot select")
 register_property("metadata", _has_metadata, "every node carries fxforge metadata (init_metadata_analysis_pass)")
 register_property("activation-checkpointed", _has_checkpoint_regions,
                   "parts of the graph run inside checkpointed regions (activation_checkpoint_transform_pass), whose "

@@ -89,6 +89,8 @@ CASES: dict[str, PassCase] = {
     "afno_real_arithmetic_transform_pass": PassCase(_none, _SHAPES),
     "mask_free_activations_transform_pass": PassCase(_none),
     "activation_checkpoint_transform_pass": PassCase(lambda d: {"fraction": 0.9}),
+    "split_stages_transform_pass": PassCase(lambda d: {"stages": 2, "balance": "params"},
+                                            (("init_metadata_analysis_pass", _none),)),
     "emit_verilog_transform_pass": PassCase(
         lambda d: {"out_dir": tempfile.mkdtemp(prefix="fxforge-emit-"), "nodes": {"name": ["classifier"]}},
         (("quantize_transform_pass", lambda d: FIXED_CLASSIFIER),)),

@@ -48,7 +48,7 @@ def _fresh_name(gm: fx.GraphModule, start: int) -> tuple[str, int]:
     return f"{FOLDED_PREFIX}{i}", i + 1
 
 
-@forge_pass("transform", NoArgs, info=FoldInfo, ensures=("constants-folded",),
+@forge_pass("transform", NoArgs, info=FoldInfo, ensures=("constants-folded",), forbids=("pipeline-stages",),
             contract=NumericalContract("exact", atol=0.0, rtol=0.0, note="the same values, computed ahead of time"))
 def fold_constants_transform_pass(graph: ForgeGraph, args: NoArgs) -> tuple[ForgeGraph, FoldInfo]:
     """Store every parameter-only value a computation reads as a buffer; the graph must be in eval mode."""

@@ -155,7 +155,7 @@ def _candidates(gm: fx.GraphModule, targets: Any, exclude: Any) -> dict[str, Pru
 
 
 @forge_pass("transform", PruneArgs, info=PruneInfo, ensures=("pruned",), forbids=("quantized", "lora", "int8-lowered",
-                                                                      "activation-checkpointed"),
+                                                                      "activation-checkpointed", "pipeline-stages"),
             contract=NumericalContract("bounded", note="pruning changes outputs; the error is measured"))
 def prune_transform_pass(graph: ForgeGraph, args: PruneArgs) -> tuple[ForgeGraph, PruneInfo]:
     """Mask the selected layers' weights (and optionally inputs) as MASE's config says; info per layer."""

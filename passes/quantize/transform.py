@@ -201,7 +201,8 @@ class QuantizeInfo(PassInfo):
     float_adapters: list[str] = field(default_factory=list)
 
 
-@forge_pass("transform", QuantizeConfig, info=QuantizeInfo, forbids=("quantized", "activation-checkpointed"),
+@forge_pass("transform", QuantizeConfig, info=QuantizeInfo, forbids=("quantized", "activation-checkpointed",
+                                                                                "pipeline-stages"),
             ensures=("metadata", "quantized"),
             contract=NumericalContract("bounded", note="simulated quantization: error measured (SQNR) and reported"))
 def quantize_transform_pass(graph: ForgeGraph, args: QuantizeConfig) -> tuple[ForgeGraph, QuantizeInfo]:

@@ -235,7 +235,8 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r + ".") for r in roots)
 
 
-@forge_pass("transform", LoraArgs, info=LoraInfo, ensures=("lora",), forbids=("activation-checkpointed",),
+@forge_pass("transform", LoraArgs, info=LoraInfo, ensures=("lora",),
+            forbids=("activation-checkpointed", "pipeline-stages"),
             contract=NumericalContract("exact", atol=0.0, rtol=0.0, note="B = 0: a fresh adapter adds nothing"))
 def insert_lora_adapter_transform_pass(graph: ForgeGraph, args: LoraArgs) -> tuple[ForgeGraph, LoraInfo]:
     """Wrap each selected nn.Linear in a LoraLinear; outputs are unchanged (B = 0) until training.

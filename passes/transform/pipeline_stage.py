@@ -26,6 +26,8 @@ class StageRegion(nn.Module):
     """Runs ``graph`` over its children ``m0, m1, ...``: the stage's inputs, then ``reads`` (child, attribute)
     fetched from the children, as the body's placeholders (``inputs`` counts both); a tuple out."""
 
+    pipeline_stage = True  # the "pipeline-stages" graph property (passes/contract.py)
+
     def __init__(self, graph: fx.Graph, children: dict[str, nn.Module], inputs: int,
                  reads: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__()

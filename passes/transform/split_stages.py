@@ -22,7 +22,7 @@ import torch.fx as fx
 from ...graph.forge_graph import ForgeGraph
 from ...graph.inputs import ExampleInputs
 from ..base import PassArgsError, PassError, forge_pass
-from ..contract import NumericalContract, PassInfo, register_property
+from ..contract import NumericalContract, PassInfo
 from ..propagate import flat_inputs
 from ..rewrite import GraphRewrite
 from .pipeline_stage import StageRegion, build_stage
@@ -48,10 +48,6 @@ def stage_modules(graph: ForgeGraph) -> list[StageRegion]:
     calls = [n for n in graph.model.graph.nodes if n.op == "call_module" and str(n.target).startswith(STAGE_PREFIX)]
     found = [graph.model.get_submodule(str(n.target)) for n in calls]
     return [m for m in found if isinstance(m, StageRegion)]
-
-
-register_property("pipeline-stages", lambda g: bool(stage_modules(g)),
-                  "the graph is a chain of pipeline stages (split_stages_transform_pass)")
 
 
 @dataclass(frozen=True)
@@ -243,7 +239,12 @@ def split_stages_transform_pass(graph: ForgeGraph, args: SplitStagesArgs) -> tup
         value_of: dict[fx.Node, fx.Node] = {n: n for n in placeholders}
         inputs = first_in
         for k in range(args.stages):
-            stage = _build_stage(gm, ops[bounds[k]:bounds[k + 1]], inputs, crossing[k], remat[k])
+            try:
+                stage = _build_stage(gm, ops[bounds[k]:bounds[k + 1]], inputs, crossing[k], remat[k])
+            except ValueError as exc:
+                made = ", ".join(dict.fromkeys(r.name for r in graph.history)) or "capture"
+                raise PassError(f"{_NAME}: {exc} (passes run so far: {made}); split the graph before the pass "
+                                "that put it there") from None
             call = rw.call_module(f"{STAGE_PREFIX}{k}", stage, tuple(value_of[n] for n in inputs), before=out_node)
             for i, value in enumerate(crossing[k]):
                 value_of[value] = rw.call_function(operator.getitem, (call, i), before=out_node)
