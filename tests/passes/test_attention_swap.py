@@ -1,15 +1,15 @@
 """attention_swap_transform_pass: multi-head -> grouped-query attention on a captured tiny Llama (checked against
-HF's own GQA Llama with pooled weights), the zoo GPT (fused qkv, rotary) and tiny BERT, at two shapes."""
+HF's own GQA Llama with pooled weights) and the zoo GPT (fused qkv, rotary), at two shapes; the tiny BERT's is in
+tests/passes/test_transform_contracts.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import torch.nn as nn
-from conftest import bert_inputs, make_gpt, make_tiny_bert
+from conftest import make_gpt
 from hf_tiny import hf_inputs, tiny_hf
 
 from fxforge import ForgeGraph, passes
@@ -97,17 +97,14 @@ def test_kv_heads_equal_to_heads_leaves_outputs_equal(gpt: ForgeGraph) -> None:
         assert torch.equal(same(x), linear(x)) and torch.equal(out(idx), gpt(idx))
 
 
-def test_bert_refusal_names_the_layer_and_layers_selects() -> None:
-    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
-    mg, _ = passes.add_common_metadata_analysis_pass(mg)
-    with pytest.raises(PassError, match=r"layer 'bert.encoder.layer.0.attention.self' has 4 key heads.*"
-                                        r"kv_heads=3.*\[1, 2, 4\]"):
-        attention_swap_transform_pass(mg, {"kv_heads": 3})
+def test_refusal_names_the_layer_and_layers_selects(gpt: ForgeGraph) -> None:
+    """(The tiny BERT's swap is checked at two shapes by tests/passes/test_transform_contracts.py.)"""
+    with pytest.raises(PassError, match=r"layer 'blocks.0.mixer' has 4 key heads.*kv_heads=3.*\[1, 2, 4\]"):
+        attention_swap_transform_pass(gpt, {"kv_heads": 3})
     with pytest.raises(PassError, match="name no attention layer"):
-        attention_swap_transform_pass(mg, {"kv_heads": 2, "layers": ["layer.7.attention.self"]})
-    inputs: list[dict[str, Any]] = [bert_inputs(labels=False, batch=b, seq=s) for b, s in ((3, 11), (2, 7))]
-    out, info = attention_swap_transform_pass(mg, {"kv_heads": 2, "layers": ["layer.1.attention.self"],
-                                                   "data": inputs})
-    assert list(info.layers) == ["bert.encoder.layer.1.attention.self"]
-    assert type(out.model.get_submodule("bert.encoder.layer.0.attention.self.key")) is nn.Linear
+        attention_swap_transform_pass(gpt, {"kv_heads": 2, "layers": ["blocks.7.mixer"]})
+    data = [(torch.randint(0, 64, shape),) for shape in ((3, 11), (2, 7))]
+    out, info = attention_swap_transform_pass(gpt, {"kv_heads": 2, "layers": ["1.mixer"], "data": data})
+    assert list(info.layers) == ["blocks.1.mixer"] and info.parameters_removed == 2 * 16 * 32
+    assert type(out.model.get_submodule("blocks.0.mixer.c_attn")) is nn.Linear
     assert 0 < info.relative_output_error < 1 and info.output_sqnr_db > 0
