@@ -1,0 +1,205 @@
+"""One rank of bench_distributed: build this rank's share of each model, then time pipeline steps and read memory.
+
+N = 1 runs the unsplit graph in one process (the baseline); N > 1 cuts the checkpoint's graph into N stages the
+way ``pipeline_run`` does (distributed/pipeline_rank: rank 0 chooses time-balanced cuts, every rank keeps only its
+stage) and runs ``torch.distributed.pipelining``'s GPipe / 1F1B schedules over microbatches. A step is timed between
+two barriers (every rank done), so the time is the pipeline's, not one rank's. Memory: the parameter bytes a rank
+holds (every live nn.Parameter), and the peak resident set (CPU: the kernel's high-water mark, reset through
+/proc/self/clear_refs) or the CUDA allocator's peak (GPU), while loading and while stepping.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["BenchModel", "RankMeasure", "RankSpec", "rank_entry"]
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A model to run: its checkpoint directory and the batch (by the graph's input names) one step runs on."""
+
+    name: str
+    checkpoint: str
+    inputs: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What every rank of one launch runs (picklable: it travels to the spawned ranks)."""
+
+    models: tuple[BenchModel, ...]
+    schedules: tuple[str, ...]
+    microbatches: int
+    repeats: int
+    warmup: int
+    threads: int
+    timeout: float
+    balance: str = "time"
+
+
+@dataclass(frozen=True)
+class RankMeasure:
+    """One rank's numbers. ``times``: seconds per step by variant (``model/schedule``; ``model/forward`` at N=1),
+    interleaved rounds in run order; ``held`` / ``total``: parameter bytes this rank holds / the whole graph has;
+    ``load_peak`` (by model) and ``run_peak`` (by variant): peak memory bytes, of ``peak_kind``."""
+
+    rank: int
+    world: int
+    threads: int
+    device: str
+    peak_kind: str
+    times: dict[str, list[float]] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+    load_peak: dict[str, int] = field(default_factory=dict)
+    run_peak: dict[str, int] = field(default_factory=dict)
+    cuts: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _reset_peak(device: torch.device) -> None:
+    """Start a new peak: the CUDA allocator's, or the kernel's resident high-water mark (clear_refs 5)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # no procfs: ru_maxrss below is then the process's peak so far
+        pass
+
+
+def _peak(device: torch.device) -> int:
+    """Bytes at the peak since the last reset."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _timed(step: Callable[[], Any], device: torch.device) -> Callable[[], float]:
+    """``step`` between two barriers (all ranks start together and have all finished): its seconds."""
+    import torch.distributed as dist
+
+    def run() -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        with torch.no_grad():
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        return time.perf_counter() - start
+    return run
+
+
+class _ContiguousOutputs(torch.nn.Module):
+    """A stage whose outputs are contiguous: gloo sends only contiguous tensors, and a cut can cross a view (an
+    expanded attention mask at N = 4)."""
+
+    def __init__(self, stage: torch.nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        out = self.stage(*args)
+        if isinstance(out, tuple | list):
+            return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in out)
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+
+def _stage_examples(top: Any, rank: int, flat: list[torch.Tensor], microbatches: int
+                    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """This stage's inputs and outputs on one microbatch (stages 0..rank run here, on the whole split graph).
+
+    Given to PipelineStage, they spare its run-time shape inference, which runs the stage on ``torch.empty``
+    inputs: an integer tensor crossing a cut (BERT's attention mask at N = 4) then holds garbage indices."""
+    values: tuple[torch.Tensor, ...] = tuple(t[: t.shape[0] // microbatches] for t in flat)
+    with torch.no_grad():
+        for k in range(rank + 1):
+            ins = values
+            out = top.get_submodule(f"stage_{k}")(*values)
+            values = tuple(out) if isinstance(out, tuple | list) else (out,)
+    return tuple(t.contiguous() for t in ins), tuple(t.contiguous() for t in values)  # recv buffers: gloo wants them so
+
+
+def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: torch.device,
+           out: RankMeasure) -> dict[str, Callable[[], Any]]:
+    """This rank's share of ``model`` and one step function per variant; records held bytes and the load peak."""
+    from fxforge.distributed.pipeline_rank import PipelineJob, _split, held_parameter_bytes
+    from fxforge.graph.forge_graph import ForgeGraph
+    from fxforge.graph.inputs import ExampleInputs
+    from fxforge.passes.propagate import flat_inputs
+
+    before = held_parameter_bytes()
+    _reset_peak(device)
+    data = dict(model.inputs)
+    if world == 1:
+        graph = ForgeGraph.from_checkpoint(model.checkpoint).eval().model.to(device)
+        flat = [t.to(device) for t in flat_inputs(graph, ExampleInputs.coerce(data))]
+        out.total[model.name] = sum(p.numel() * p.element_size() for p in graph.parameters())
+        steps: dict[str, Callable[[], Any]] = {f"{model.name}/forward": lambda: graph(*flat)}
+    else:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        job = PipelineJob(checkpoint=model.checkpoint, stages=world, inputs=data, balance=spec.balance,
+                          timeout=spec.timeout, threads=spec.threads)
+        split, (cuts, _) = _split(job, rank, data)
+        out.cuts[model.name] = list(cuts)
+        out.total[model.name] = sum(p.numel() * p.element_size() for p in split.model.parameters())
+        flat = [t.to(device) for t in flat_inputs(split.model, ExampleInputs.coerce(data))]
+        module = _ContiguousOutputs(split.model.get_submodule(f"stage_{rank}").to(device))
+        ins, outs = _stage_examples(split.model, rank, flat, spec.microbatches)
+        del split  # from here this rank holds its stage only
+        args = flat if rank == 0 else []
+        steps = {}
+        for name in spec.schedules:
+            cls = ScheduleGPipe if name == "gpipe" else Schedule1F1B
+            stage = PipelineStage(module, rank, world, device, input_args=ins, output_args=outs)
+            schedule = cls(stage, n_microbatches=spec.microbatches)
+            steps[f"{model.name}/{name}"] = lambda s=schedule: s.step(*args)
+    out.held[model.name] = held_parameter_bytes() - before
+    out.load_peak[model.name] = _peak(device)
+    return steps
+
+
+def rank_entry(spec: RankSpec) -> RankMeasure:
+    """Run this rank of the launch: build every model, read each variant's running peak, then time them all in
+    interleaved rounds (every rank runs the same variants in the same order)."""
+    import torch.distributed as dist
+
+    from fxforge.benchmarks.timing import interleaved
+    from fxforge.distributed.ddp import DDPOptions, init_group
+
+    rank, world = init_group(DDPOptions(nproc=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), timeout=spec.timeout,
+                                        threads=spec.threads))
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    out = RankMeasure(rank=rank, world=world, threads=torch.get_num_threads(), device=str(device),
+                      peak_kind="CUDA allocator peak" if device.type == "cuda" else "peak RSS")
+    variants: dict[str, Callable[[], float]] = {}
+    for model in spec.models:
+        for name, step in _build(model, spec, rank, world, device, out).items():
+            timed = _timed(step, device)
+            _reset_peak(device)
+            timed()  # the first step also sets up the stages' buffers: part of running, not of loading
+            timed()
+            out.run_peak[name] = _peak(device)
+            variants[name] = timed
+    timings = interleaved(variants, spec.repeats, warmup=spec.warmup)
+    out.times.update(timings.times)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out

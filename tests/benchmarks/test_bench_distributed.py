@@ -1,0 +1,76 @@
+"""bench_distributed: what it prints follows from what its ranks measured (no timing asserted).
+
+Unmarked: one rank in this process (a 1-process gloo group) runs the baseline of a tiny GPT and reports real
+parameter bytes and memory peaks. Slow: ``--quick`` end to end (three launches, N = 1, 2, 4), every printed row and
+met / NOT met fact re-derived here from the raw measures in its JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_gpt
+
+from fxforge import ForgeGraph
+from fxforge.benchmarks.bench_distributed import PARAMS_TARGET, THROUGHPUT_TARGET, checks, main, summarize
+from fxforge.benchmarks.distributed_ranks import BenchModel, RankSpec, rank_entry
+from fxforge.distributed.ddp import free_port
+
+
+def test_one_rank_measures_the_unsplit_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    idx = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    mg = ForgeGraph(make_gpt(), idx[:2]).eval()
+    model = BenchModel("gpt", str(mg.export(tmp_path / "gpt")), {"idx": idx})
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    threads = torch.get_num_threads()
+    try:
+        m = rank_entry(RankSpec(models=(model,), schedules=("gpipe",), microbatches=2, repeats=2, warmup=1,
+                                threads=1, timeout=60.0))
+    finally:
+        torch.set_num_threads(threads)
+    params = sum(p.numel() * p.element_size() for p in mg.model.parameters())
+    assert m.world == 1 and m.threads == 1 and m.total["gpt"] == params
+    assert m.held["gpt"] == params  # the loaded graph's parameters, counted over the live nn.Parameters
+    assert list(m.times) == ["gpt/forward"] and len(m.times["gpt/forward"]) == 2
+    assert all(t > 0 for t in m.times["gpt/forward"]) and m.load_peak["gpt"] > params
+    rows = summarize({1: [[m.__dict__]]}, ["gpt"], ["gpipe"], {"gpt": 4})
+    assert len(rows) == 1 and rows[0]["rel_throughput"] == 1.0 and rows[0]["held_ratio"] == 1.0
+    assert checks(rows) == {}  # targets are stated at N = 2 only
+
+
+@pytest.mark.slow
+def test_quick_bench_rows_follow_from_the_measures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--quick", "--json", str(tmp_path / "r.json")])
+    text = capsys.readouterr().out
+    res = json.loads((tmp_path / "r.json").read_text())
+    lines = text.splitlines()
+    assert lines[0].startswith("CPU: ") and "load average" in lines[0] and "N=4" in text and "oversubscribed" in text
+    runs = res["runs"]
+    assert sorted(runs) == ["1", "2", "4"] and all(len(runs[n][0]) == int(n) for n in runs)
+    facts = {}
+    for model in res["batch"]:
+        base_ms = 1e3 * statistics.median(runs["1"][0][0]["times"][f"{model}/forward"])
+        base_held = runs["1"][0][0]["held"][model]
+        for n in ("2", "4"):
+            ranks = runs[n][0]
+            held = [r["held"][model] for r in ranks]
+            assert max(held) < base_held  # each rank really holds only its stage
+            for schedule in ("gpipe", "1f1b"):
+                ms = 1e3 * statistics.median(ranks[0]["times"][f"{model}/{schedule}"])
+                rel, ratio = base_ms / ms, max(held) / base_held
+                row = rf"^  {re.escape(model)} +{schedule} +{n} +\d+ +{ms:.2f} +[\d.]+ +{rel:.2f}x +{ratio:.3f}x "
+                assert re.search(row, text, re.M), row
+                if n == "2":
+                    facts[f"{model} {schedule} N=2: throughput {rel:.2f}x of N=1"] = rel >= THROUGHPUT_TARGET
+                    facts[f"{model} N=2: largest rank's parameters {ratio:.3f}x of N=1"] = ratio <= PARAMS_TARGET
+    printed = re.findall(r"^(met    |NOT met) (.*) \(target", text, re.M)
+    assert len(printed) == len(res["checks"]) == 6
+    for verdict, what in printed:
+        assert facts[what] == (verdict == "met    "), what
+    assert code == (0 if all(facts.values()) else 1)
