@@ -10,13 +10,15 @@ but its weights and activations lose their outlier channels, so they quantize be
 Q is the normalised Sylvester Hadamard matrix when the hidden size is a power of two, otherwise a seeded
 random orthogonal matrix. Supported: HF Llama / Qwen2 / Mistral-style decoders (modules named
 ``layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}``,
-``embed_tokens``, ``norm``, ``lm_head``), tied embeddings untied. Not supported: LayerNorm models (GPT-2, the
-zoo GPT, BERT): LayerNorm subtracts the mean, which does not commute with a rotation unless the stream is made
-mean-free and LayerNorm replaced by RMSNorm (not done); the per-head (online) rotations of full QuaRot.
+``embed_tokens``, ``norm``, ``lm_head``), tied embeddings untied. Not supported: the per-head (online)
+rotations of full QuaRot; LayerNorm models (GPT-2, the zoo GPT, BERT) are left unchanged with the reason in
+``info.unsupported`` (as conv_bn_fusion leaves a graph without BatchNorm): LayerNorm subtracts the mean, which
+does not commute with a rotation unless the stream is made mean-free and LayerNorm replaced by RMSNorm (not done).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
@@ -24,8 +26,10 @@ import torch
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
-from ..base import PassArgsError, forge_pass
+from ..base import forge_pass
 from ..contract import NumericalContract, PassInfo
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["rotate_hadamard_transform_pass", "RotateArgs", "RotateInfo", "hadamard", "rotation_matrix"]
 
@@ -44,13 +48,15 @@ class RotateArgs:
 @dataclass(frozen=True)
 class RotateInfo(PassInfo):
     """hidden: residual width; rotation: ``hadamard`` or ``random_orthogonal``; blocks: decoder blocks rotated;
-    folded_norms: RMSNorm scales folded into the following linears; untied: LM head untied from the embedding."""
+    folded_norms: RMSNorm scales folded into the following linears; untied: LM head untied from the embedding;
+    unsupported: why the graph was left as it is (no RMSNorm decoder found: LayerNorm models, encoders)."""
 
     hidden: int = 0
     rotation: str = ""
     blocks: int = 0
     folded_norms: list[str] = field(default_factory=list)
     untied: bool = False
+    unsupported: str = ""
 
 
 def hadamard(n: int) -> torch.Tensor:
@@ -76,12 +82,14 @@ def _find(root: nn.Module, suffix: str) -> list[tuple[str, nn.Module]]:
     return [(p, m) for p, m in root.named_modules() if p == suffix or p.endswith("." + suffix)]
 
 
-def _refuse_layer_norm(root: nn.Module) -> None:
+def _layer_norm(root: nn.Module) -> str | None:
+    """Why a model with LayerNorm is left unrotated (None when it has none)."""
     for path, module in root.named_modules():
         if isinstance(module, nn.LayerNorm):
-            raise PassArgsError(f"rotate_hadamard_transform_pass: {path!r} is a LayerNorm, which subtracts the mean "
-                                "and does not commute with a rotation; only RMSNorm (Llama/Qwen-style) decoders are "
-                                "supported: quantize this model without rotation (gptq_transform_pass alone)")
+            return (f"{path!r} is a LayerNorm, which subtracts the mean and does not commute with a rotation; only "
+                    "RMSNorm (Llama/Qwen-style) decoders are rotated: quantize this model without rotation "
+                    "(gptq_transform_pass alone)")
+    return None
 
 
 @torch.no_grad()
@@ -97,15 +105,17 @@ def _set(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None = No
 def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple[ForgeGraph, RotateInfo]:
     """Fold RMSNorm scales into the next linears and rotate the residual stream by an orthogonal Q."""
     root = graph.model
-    _refuse_layer_norm(root)
     embeds = _find(root, "embed_tokens")
     blocks = sorted({p.rsplit(".self_attn", 1)[0] for p, _ in _find(root, "self_attn.q_proj")},
                     key=lambda p: int(re.findall(r"\d+", p)[-1]))
     heads = _find(root, "lm_head")
-    if len(embeds) != 1 or not blocks:
-        raise PassArgsError("rotate_hadamard_transform_pass: found no Llama/Qwen-style decoder (one 'embed_tokens' "
-                            "and blocks 'layers.N' with self_attn.q_proj ...); the pass rotates HF Llama / Qwen2 / "
-                            "Mistral-style models only")
+    unsupported = _layer_norm(root)
+    if unsupported is None and (len(embeds) != 1 or not blocks):
+        unsupported = ("no Llama/Qwen-style decoder (one 'embed_tokens' and blocks 'layers.N' with "
+                       "self_attn.q_proj, ...): the pass rotates HF Llama / Qwen2 / Mistral-style models only")
+    if unsupported is not None:  # like conv_bn_fusion without a BatchNorm: nothing to do, said once
+        _log.warning("rotate_hadamard_transform_pass: graph left as it is: %s", unsupported)
+        return graph, RotateInfo(unsupported=unsupported, changed=False)
     embed = embeds[0][1]
     assert isinstance(embed, nn.Embedding)
     hidden = embed.weight.shape[1]
