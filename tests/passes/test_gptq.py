@@ -108,3 +108,17 @@ def test_gptq_refuses_block_formats_naming_them() -> None:
     cfg = {"by": "type", "linear": {"config": {"name": "mxint", "weight_width": 4}}}
     with pytest.raises(PassArgsError, match="mxint: block formats"):
         get_pass("gptq_transform_pass")(g, {"config": cfg, "data": data})
+
+
+def test_gptq_graph_packs_and_reloads_like_rtn(tmp_path) -> None:
+    """The GPTQ graph checkpoints (weights packed in the layer's format) and reloads with the same outputs;
+    act_order gives another rounding with the same guarantees."""
+    net = _mlp(16, 32, 8)
+    data = _batches(16)
+    g = ForgeGraph(net, data[0])
+    gq, info = get_pass("gptq_transform_pass")(g, {"config": _cfg(4, "scaled"), "data": data, "act_order": True})
+    assert all(e["gptq"] < e["rtn"] for e in info.layers.values())
+    loaded = ForgeGraph.from_checkpoint(gq.export(tmp_path / "gptq"))
+    x = data[1][0]
+    torch.testing.assert_close(loaded(x), gq(x))
+    assert [type(m) for m in _layers(loaded).values()] == [type(m) for m in _layers(gq).values()]
