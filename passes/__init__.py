@@ -46,7 +46,7 @@ from .memory.buffer_reuse import buffer_reuse_transform_pass
 from .prune import (
     add_movement_metadata_analysis_pass,
     hook_inspection_analysis_pass,
-    prune_detach_hook_transform_pass,
+    prune_detach_hook_analysis_pass,
     prune_transform_pass,
     shrink_transform_pass,
 )
@@ -119,7 +119,7 @@ __all__ = [
     "shrink_transform_pass",
     "add_movement_metadata_analysis_pass",
     "add_natural_sparsity_metadata_analysis_pass",
-    "prune_detach_hook_transform_pass",
+    "prune_detach_hook_analysis_pass",
     "hook_inspection_analysis_pass",
     "fuse_kernels_transform_pass",
     "afno_real_arithmetic_transform_pass",
