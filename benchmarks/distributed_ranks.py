@@ -10,6 +10,8 @@ holds (every live nn.Parameter), and the peak resident set (CPU: the kernel's hi
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import resource
 import time
@@ -69,6 +71,10 @@ def _reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
+    try:  # hand freed heap back first: the resident set then drops to what is live (glibc keeps it otherwise)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -170,7 +176,7 @@ def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: tor
             cls = ScheduleGPipe if name == "gpipe" else Schedule1F1B
             stage = PipelineStage(module, rank, world, device, input_args=ins, output_args=outs)
             schedule = cls(stage, n_microbatches=spec.microbatches)
-            steps[f"{model.name}/{name}"] = lambda s=schedule: s.step(*args)
+            steps[f"{model.name}/{name}"] = functools.partial(schedule.step, *args)
     out.held[model.name] = held_parameter_bytes() - before
     out.load_peak[model.name] = _peak(device)
     return steps
