@@ -129,7 +129,7 @@ MASE_NAMES: tuple[MaseName, ...] = (
        "`original_graph` becomes `baseline`; `save_dir` is dropped (the info holds the rows; print_table prints them)",
        short="summarize_quantization"),
     _p("prune_transform_pass", "prune_transform_pass", "same", "MASE's `weight` / `activation` config", short="prune"),
-    _p("prune_detach_hook_transform_pass", "prune_detach_hook_transform_pass", "different",
+    _p("prune_detach_hook_transform_pass", "prune_detach_hook_analysis_pass", "different",
        "a no-op with a one-line notice: fxforge's masks are buffers applied in the pruned layers' forward, there "
        "is no hook to detach", short="prune_detach_hook"),
     _p("conv_bn_fusion_transform_pass", "conv_bn_fusion_transform_pass", "same",

@@ -78,7 +78,7 @@ CASES: dict[str, PassCase] = {
     "add_movement_metadata_analysis_pass": PassCase(_none, (("init_metadata_analysis_pass", _none),)),
     "add_natural_sparsity_metadata_analysis_pass": PassCase(lambda d: {"data": d},
                                                             (("init_metadata_analysis_pass", _none),)),
-    "prune_detach_hook_transform_pass": PassCase(_none),
+    "prune_detach_hook_analysis_pass": PassCase(_none),
     "hook_inspection_analysis_pass": PassCase(_none),
     "attention_swap_transform_pass": PassCase(lambda d: {"kv_heads": 1}, _SHAPES),
     "cse_transform_pass": PassCase(_none),

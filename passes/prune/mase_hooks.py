@@ -19,7 +19,7 @@ from ...graph.forge_graph import ForgeGraph
 from ..base import NoArgs, forge_pass
 from ..contract import PassInfo
 
-__all__ = ["HookPassInfo", "prune_detach_hook_transform_pass", "hook_inspection_analysis_pass"]
+__all__ = ["HookPassInfo", "prune_detach_hook_analysis_pass", "hook_inspection_analysis_pass"]
 
 _log = logging.getLogger(__name__)
 NOTICE = ("{name}: nothing to do, fxforge's pruning has no hooks (masks are buffers applied in the masked "
@@ -54,10 +54,10 @@ def _notice(name: str) -> str:
 
 
 @forge_pass("analysis", NoArgs, info=HookPassInfo)
-def prune_detach_hook_transform_pass(graph: ForgeGraph, args: NoArgs) -> tuple[ForgeGraph, HookPassInfo]:
-    """MASE's hook removal: a no-op here (fxforge's masks are not hooks); logs one notice. Registered as an
-    analysis pass under MASE's transform name because it changes nothing (fxforge's rule for pass kinds)."""
-    return graph, HookPassInfo(_notice("prune_detach_hook_transform_pass"), _hooks(graph))
+def prune_detach_hook_analysis_pass(graph: ForgeGraph, args: NoArgs) -> tuple[ForgeGraph, HookPassInfo]:
+    """MASE's hook removal (its prune_detach_hook_transform_pass, which resolves here through passes/mase_names):
+    a no-op (fxforge's masks are not hooks), so an analysis pass by fxforge's rule for pass kinds; one notice."""
+    return graph, HookPassInfo(_notice("prune_detach_hook_analysis_pass"), _hooks(graph))
 
 
 @forge_pass("analysis", NoArgs, info=HookPassInfo)

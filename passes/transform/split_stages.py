@@ -23,7 +23,7 @@ from ...graph.forge_graph import ForgeGraph
 from ...graph.inputs import ExampleInputs
 from ..base import PassArgsError, PassError, forge_pass
 from ..contract import NumericalContract, PassInfo
-from ..propagate import flat_inputs
+from ..propagate import flat_inputs, propagate_graph
 from ..rewrite import GraphRewrite
 from .pipeline_stage import StageRegion, build_stage
 from .split_plan import (
@@ -253,6 +253,9 @@ def split_stages_transform_pass(graph: ForgeGraph, args: SplitStagesArgs) -> tup
         for node in reversed(list(gm.graph.nodes)):
             if node.op in ("call_module", "call_function", "call_method", "get_attr") and node in order:
                 rw.erase(node)
+    # recorded, not derived: a stage returns a tuple even of one tensor, which derivation from the results'
+    # metadata cannot tell from a bare tensor (its getitem's inputs would be recorded wrongly)
+    propagate_graph(gm, example)
     total = sum(costs) or 1.0
     shares = tuple(sum(costs[bounds[k]:bounds[k + 1]]) / total for k in range(args.stages))
     sizes = tuple(sum(kinds.nbytes.get(v, 0) for v in values) for values in crossing[:-1])

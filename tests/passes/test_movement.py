@@ -238,7 +238,8 @@ def test_natural_sparsity_counts_pruning_masks_and_refuses_an_empty_data_iterabl
         passes.get_pass("add_natural_sparsity_metadata_analysis_pass")(mg, {"data": []})
 
 
-@pytest.mark.parametrize("name", ["prune_detach_hook_transform_pass", "hook_inspection_analysis_pass",
+@pytest.mark.parametrize("name", ["prune_detach_hook_transform_pass", "prune_detach_hook_analysis_pass",
+                                  "hook_inspection_analysis_pass",
                                   "prune_detach_hook", "hook_inspection"])
 def test_hook_passes_are_no_ops_that_say_so(name: str, caplog: pytest.LogCaptureFixture) -> None:
     mg, _ = prune_transform_pass(_graph(MLP(8, 16, 3), torch.randn(4, 8)), {"weight": {"sparsity": 0.5}})
