@@ -10,7 +10,9 @@ that weight in its forward and gets it back unchanged.
 Supported weight formats: ``integer`` (fixed or ``auto`` fraction width), ``scaled_integer`` (per tensor or
 per channel, symmetric or not) and ``minifloat``. Block formats (``mxint``, ``block_fp``, ``mxfp``) take their
 shared exponent from each block's values; they are refused for now (round-to-nearest: quantize_transform_pass).
-Conv layers and layers wrapped by another module (LoRA) keep round-to-nearest and are listed in ``skipped``.
+Functional linears (``F.linear`` after fuse_kernels) are rounded too when their input is quantized (its
+data_in quantizer is where the input is read). Conv layers, layers wrapped by another module (LoRA) and functional
+linears without a data_in quantizer keep round-to-nearest and are listed in ``skipped``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
@@ -31,6 +34,7 @@ from .formats import QuantContext
 from .gptq_solver import gptq_round, reconstruction_error
 from .modules import QuantizedLinear
 from .quantizer import Quantize
+from .state import quantized_nodes
 from .state import quantizers as all_quantizers
 from .transform import quantize_transform_pass
 
@@ -113,36 +117,70 @@ def column_quantizer(wq: Quantize, weight: torch.Tensor) -> tuple[Any, torch.Ten
     return quantize, pinned
 
 
-def _linear_layers(gm: nn.Module) -> tuple[dict[str, QuantizedLinear], dict[str, str]]:
-    """The quantized Linears GPTQ rounds (path -> layer) and the quantized layers it leaves (path -> why)."""
-    chosen: dict[str, QuantizedLinear] = {}
+@dataclass(frozen=True)
+class _Target:
+    """One linear GPTQ rounds: its float weight, the weight's quantizer, and the module whose call sees its input
+    (the quantized layer itself, or the data_in quantizer of a functional ``linear``)."""
+
+    weight: nn.Parameter
+    quantizer: Quantize
+    sees_input: nn.Module
+
+
+def _check_format(wq: Quantize) -> str | None:
+    if wq.fmt.name in _BLOCK_FORMATS:
+        return f"{wq.fmt.name}: block formats are not GPTQ-rounded yet (round-to-nearest kept)"
+    return None
+
+
+def _linear_layers(gm: fx.GraphModule) -> tuple[dict[str, _Target], dict[str, str]]:
+    """The quantized linears GPTQ rounds (weight owner's path -> target) and the ones it leaves (path -> why)."""
+    chosen: dict[str, _Target] = {}
     skipped: dict[str, str] = {}
     for path, module in gm.named_modules():
         wq = getattr(module, "weight_quantizer", None)
         if not isinstance(wq, Quantize):
             continue
-        if not isinstance(module, QuantizedLinear):
-            skipped[path] = f"{type(module).__name__}: GPTQ rounds Linear layers only (round-to-nearest kept)"
-        elif wq.fmt.name in _BLOCK_FORMATS:
-            skipped[path] = f"{wq.fmt.name}: block formats are not GPTQ-rounded yet (round-to-nearest kept)"
+        why = _check_format(wq) if isinstance(module, QuantizedLinear) else \
+            f"{type(module).__name__}: GPTQ rounds Linear layers only (round-to-nearest kept)"
+        if why is None:
+            assert isinstance(module, QuantizedLinear)
+            chosen[path] = _Target(module.weight, wq, module)
         else:
-            chosen[path] = module
+            skipped[path] = why
+    for node, rec in quantized_nodes(gm):  # functional linears (fused kernels): F.linear(q_in(x), q_w(W))
+        if node.op != "call_function" or rec.op != "linear" or "weight_1" not in rec.quantizers:
+            continue
+        wq = gm.get_submodule(rec.quantizers["weight_1"])
+        q_node = node.args[1]
+        source = q_node.args[0] if isinstance(q_node, fx.Node) and q_node.args else None
+        if not isinstance(wq, Quantize) or not isinstance(source, fx.Node) or source.op != "get_attr":
+            skipped[node.name] = "functional linear whose weight is not a parameter (round-to-nearest kept)"
+            continue
+        owner = str(source.target).rsplit(".", 1)[0]
+        why = _check_format(wq)
+        if why is None and "data_in_0" not in rec.quantizers:
+            why = "functional linear without a data_in quantizer to read its input from (round-to-nearest kept)"
+        if why is not None:
+            skipped[owner] = why
+            continue
+        chosen[owner] = _Target(gm.get_parameter(str(source.target)), wq,
+                                gm.get_submodule(rec.quantizers["data_in_0"]))
     return chosen, skipped
 
 
-def _hessians(graph: ForgeGraph, layers: dict[str, QuantizedLinear], args: GptqArgs) -> tuple[dict[str, torch.Tensor],
-                                                                                              int]:
+def _hessians(graph: ForgeGraph, layers: dict[str, _Target], args: GptqArgs) -> tuple[dict[str, torch.Tensor], int]:
     """H = 2XᵀX/N per layer from its float inputs over the calibration batches (every quantizer off)."""
     gm = graph.model
-    sums = {p: torch.zeros(m.in_features, m.in_features, dtype=torch.float64) for p, m in layers.items()}
+    sums = {p: torch.zeros(t.weight.shape[1], t.weight.shape[1], dtype=torch.float64) for p, t in layers.items()}
     counts = dict.fromkeys(layers, 0)
     handles = []
-    for path, layer in layers.items():
+    for path, target in layers.items():
         def hook(_m: nn.Module, inputs: tuple[Any, ...], _out: Any, path: str = path) -> None:
             x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).to(torch.float64)
             sums[path] += x.T @ x
             counts[path] += x.shape[0]
-        handles.append(layer.register_forward_hook(hook))
+        handles.append(target.sees_input.register_forward_hook(hook))
     qs = list(all_quantizers(gm).values())
     was = [q.enabled for q in qs]
     batches = 0
@@ -161,7 +199,8 @@ def _hessians(graph: ForgeGraph, layers: dict[str, QuantizedLinear], args: GptqA
     return {p: 2.0 * sums[p] / max(counts[p], 1) for p in layers if counts[p] > 0}, batches
 
 
-@forge_pass("transform", GptqArgs, info=GptqInfo, forbids=("quantized", "activation-checkpointed"),
+# the same graph states refused as quantize_transform_pass (it runs inside this pass)
+@forge_pass("transform", GptqArgs, info=GptqInfo, forbids=quantize_transform_pass.spec.forbids,
             ensures=("metadata", "quantized"),
             contract=NumericalContract("bounded", note="quantized weights: GPTQ rounding, error reported per "
                                                        "layer next to round-to-nearest's"))
@@ -182,19 +221,17 @@ def gptq_transform_pass(graph: ForgeGraph, args: GptqArgs) -> tuple[ForgeGraph, 
     if batches == 0:
         raise ValueError("gptq_transform_pass: calibration data is empty; pass {'data': [batch, ...]}")
     report: dict[str, dict[str, float]] = {}
-    for path, layer in layers.items():
+    for path, target in layers.items():
         h = hessians.get(path)
         if h is None:
             skipped[path] = "no calibration batch reached it (round-to-nearest kept)"
             continue
-        wq = layer.weight_quantizer
-        assert wq is not None
-        w = layer.weight.detach()
-        quantize, pinned = column_quantizer(wq, w)
+        w = target.weight.detach()
+        quantize, pinned = column_quantizer(target.quantizer, w)
         q = gptq_round(w, h, quantize, pinned, damp=args.damp, block=args.block, act_order=args.act_order)
         rtn = quantize(w.float())
         report[path] = {"gptq": reconstruction_error(w, q, h), "rtn": reconstruction_error(w, rtn, h)}
         with torch.no_grad():
-            layer.weight.copy_(q)
+            target.weight.copy_(q)
     return graph, GptqInfo(layers=report, skipped=skipped, batches=batches, quantized_nodes=qinfo.quantized_nodes)
 
