@@ -2,7 +2,7 @@
 
 1. Train a small MLP (64 -> hidden -> ReLU -> 10) on scikit-learn's bundled ``load_digits`` (no download;
    fixed seed; train / validation / test split).
-2. Search per-layer fixed-point widths (inputs and weights of each Linear) with Optuna through
+2. Search per-layer fixed-point widths (inputs and weights of each Linear) with Optuna (TPE) through
    ``fxforge.search``: objectives are validation accuracy and two numbers of ``hardware_estimate_analysis_pass``
    at a fixed parallelism: the multipliers weighted by their operand widths (``multiplier_bits``: the
    estimate's multiplier count times data bits times weight bits, what array multipliers cost in LUTs) and
@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=None, help="hidden width (default 32; 16 with --quick)")
     p.add_argument("--trials", type=int, default=None, help="search trials (default 40; 10 with --quick)")
     p.add_argument("--run-dir", default="out/hardware-digits")
+    p.add_argument("--sampler", default="tpe", help="Optuna sampler (fxforge.search.SAMPLERS)")
     p.add_argument("--clock-mhz", type=float, default=200.0)
     p.add_argument("--build-root", default=None, help="Verilator build cache (default <tmp>/fxforge-hw-builds)")
     p.add_argument("--no-sim", action="store_true", help="stop before the emit and the Verilator simulation")
@@ -219,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     task = TensorTask({"x": x_val}, y_val, batch_size=len(y_val))
     start = [{f"{layer}:{role}_width": w for layer in ("fc1", "fc2") for role in ("data_in", "weight")} for w in (8, 4)]
     result = Search(FixedWidthSpace(ranges), ["accuracy", *HW_OBJECTIVES], base=base, task=task, n_trials=trials,
-                    sampler="nsga2", run_dir=run, study_name=f"digits-widths-h{hidden}", resume=True,
-                    enqueue=start, progress=False).run()
+                    sampler=args.sampler, run_dir=run, study_name=f"digits-widths-h{hidden}-{args.sampler}",
+                    resume=True, enqueue=start, progress=False).run()
     print(f"search: {trials} trials over per-layer input / weight widths {list(WIDTHS)} at parallelism "
           f"{PARALLELISM}; Pareto front (validation accuracy):")
     print(result.table())
