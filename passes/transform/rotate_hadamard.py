@@ -92,6 +92,15 @@ def _layer_norm(root: nn.Module) -> str | None:
     return None
 
 
+def _linear(root: nn.Module, path: str) -> nn.Linear:
+    """The nn.Linear at ``path``; ValueError naming it when the block holds something else there."""
+    module = root.get_submodule(path)
+    if not isinstance(module, nn.Linear):
+        raise ValueError(f"rotate_hadamard_transform_pass: {path!r} is a {type(module).__name__}, not an nn.Linear; "
+                         "rotate the float model before quantizing, pruning or adding LoRA to it")
+    return module
+
+
 @torch.no_grad()
 def _set(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     linear.weight.copy_(weight.to(linear.weight.dtype))
@@ -131,27 +140,28 @@ def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple
         folded.append(norm_path)
 
     untied = False
-    for _, head in heads:
-        assert isinstance(head, nn.Linear)
+    for p, _ in heads:
+        head = _linear(root, p)
         if head.weight is embed.weight:  # tied: the head's folded/rotated weight is no longer the embedding's
             head.weight = nn.Parameter(head.weight.detach().clone())
             untied = True
     for block in blocks:
         for norm, readers in _NORM_READERS.items():
-            fold(f"{block}.{norm}", [root.get_submodule(f"{block}.{r}") for r in readers])  # type: ignore[misc]
+            fold(f"{block}.{norm}", [_linear(root, f"{block}.{r}") for r in readers])
     final_norm = embeds[0][0].rsplit("embed_tokens", 1)[0] + "norm"
-    fold(final_norm, [h for _, h in heads])  # type: ignore[misc]
+    fold(final_norm, [_linear(root, p) for p, _ in heads])
 
     with torch.no_grad():
         embed.weight.copy_((embed.weight.double() @ q).to(embed.weight.dtype))
     for block in blocks:
         for r in (*_NORM_READERS["input_layernorm"], *_NORM_READERS["post_attention_layernorm"]):
-            lin = root.get_submodule(f"{block}.{r}")
-            _set(lin, lin.weight.detach().double() @ q)  # type: ignore[arg-type]
+            lin = _linear(root, f"{block}.{r}")
+            _set(lin, lin.weight.detach().double() @ q)
         for w in _WRITERS:
-            lin = root.get_submodule(f"{block}.{w}")
+            lin = _linear(root, f"{block}.{w}")
             b = lin.bias.detach().double() @ q if lin.bias is not None else None
-            _set(lin, q.T @ lin.weight.detach().double(), b)  # type: ignore[arg-type]
-    for _, head in heads:
-        _set(head, head.weight.detach().double() @ q)  # type: ignore[arg-type]
+            _set(lin, q.T @ lin.weight.detach().double(), b)
+    for p, _ in heads:
+        head = _linear(root, p)
+        _set(head, head.weight.detach().double() @ q)
     return graph, RotateInfo(hidden=hidden, rotation=kind, blocks=len(blocks), folded_norms=folded, untied=untied)
