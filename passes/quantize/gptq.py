@@ -122,7 +122,7 @@ class _Target:
     """One linear GPTQ rounds: its float weight, the weight's quantizer, and the module whose call sees its input
     (the quantized layer itself, or the data_in quantizer of a functional ``linear``)."""
 
-    weight: nn.Parameter
+    weight: torch.Tensor  # the parameter itself (rounded in place)
     quantizer: Quantize
     sees_input: nn.Module
 
