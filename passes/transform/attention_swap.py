@@ -214,7 +214,7 @@ def _history(graph: ForgeGraph) -> str:
 
 
 @forge_pass("transform", AttentionSwapArgs, info=AttentionSwapInfo, requires=("shapes",),
-            forbids=("quantized", "lora", "pruned", "activation-checkpointed"),
+            forbids=("quantized", "lora", "pruned", "activation-checkpointed", "pipeline-stages"),
             contract=NumericalContract("bounded", note="key/value heads mean-pooled: error measured and reported"))
 def attention_swap_transform_pass(graph: ForgeGraph, args: AttentionSwapArgs
                                   ) -> tuple[ForgeGraph, AttentionSwapInfo]:

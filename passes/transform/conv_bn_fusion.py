@@ -100,7 +100,7 @@ def _why_not(node: fx.Node, src: object, gm: fx.GraphModule, calls: Counter[str]
     return None
 
 
-@forge_pass("transform", ConvBnFusionArgs, info=ConvBnFusionInfo,
+@forge_pass("transform", ConvBnFusionArgs, info=ConvBnFusionInfo, forbids=("pipeline-stages",),
             contract=NumericalContract("exact", atol=1e-5, rtol=1e-5, note="eval-mode BatchNorm folded into weights"))
 def conv_bn_fusion_transform_pass(graph: ForgeGraph, args: ConvBnFusionArgs
                                   ) -> tuple[ForgeGraph, ConvBnFusionInfo]:

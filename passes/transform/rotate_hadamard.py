@@ -108,7 +108,7 @@ def _set(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None = No
         linear.bias.copy_(bias.to(linear.bias.dtype))
 
 
-@forge_pass("transform", RotateArgs, info=RotateInfo, forbids=("quantized",),
+@forge_pass("transform", RotateArgs, info=RotateInfo, forbids=("quantized", "pipeline-stages"),
             contract=NumericalContract("exact", atol=1e-5, rtol=1e-5,
                                        note="norm scales folded, residual stream rotated: the same function"))
 def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple[ForgeGraph, RotateInfo]:
