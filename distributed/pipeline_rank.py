@@ -183,6 +183,41 @@ def run_jobs(jobs: list[PipelineJob]) -> list[RankReport]:
     return reports
 
 
+class _Contiguous(torch.nn.Module):
+    """A stage whose tensor outputs are contiguous: gloo sends only contiguous tensors, and a cut can cross a view."""
+
+    def __init__(self, stage: torch.nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, *args: Any) -> Any:
+        out = self.stage(*args)
+        if isinstance(out, tuple | list):
+            return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in out)
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+
+def _stage_examples(top: torch.nn.Module, rank: int, flat: list[Any], microbatches: int, train: bool
+                    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """This stage's inputs and outputs on one microbatch, from stages 0..rank run here on the whole split graph.
+
+    PipelineStage is given them instead of inferring shapes itself: its inference runs a stage on torch.empty
+    inputs, and an integer tensor crossing a cut (BERT's attention mask at N = 4) then holds garbage indices."""
+    values: tuple[Any, ...] = tuple(t[: t.shape[0] // microbatches] if isinstance(t, torch.Tensor) else t
+                                    for t in flat)
+    ins = values
+    with torch.no_grad():
+        for k in range(rank + 1):
+            ins = values
+            out = top.get_submodule(f"stage_{k}")(*values)
+            values = tuple(out) if isinstance(out, tuple | list) else (out,)
+    def meta(t: torch.Tensor, grad: bool) -> torch.Tensor:  # in a training step activations carry gradients
+        return t.contiguous().requires_grad_(grad and t.is_floating_point())
+
+    return (tuple(meta(t, train and rank > 0) for t in ins if isinstance(t, torch.Tensor)),
+            tuple(meta(t, train) for t in values))
+
+
 def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
     """One job on this rank: split, keep this stage, run the schedule, hand the outputs to rank 0."""
     import torch.distributed as dist
@@ -202,15 +237,17 @@ def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
     total = sum(p.numel() * p.element_size() for p in split.model.parameters())
     flat = flat_inputs(split.model, ExampleInputs.coerce(data))
     template, codegen = _output_template(split.model)
-    stage_module = split.model.get_submodule(f"stage_{rank}").to(device)
+    micro = job.microbatches or world
+    train = target is not None
+    example_in, example_out = _stage_examples(split.model, rank, flat, micro, train)
+    stage_module = _Contiguous(split.model.get_submodule(f"stage_{rank}")).to(device)
     # a stage names its layers m0, m1, ...: gradients are reported under the graph's own parameter names
     names_of = {id(p): n for n, p in split.model.named_parameters(remove_duplicate=False) if not n.startswith("stage_")}
     del split  # from here this rank holds its stage only
     held = held_parameter_bytes()
-    stage = PipelineStage(stage_module, rank, world, device)
-    micro = job.microbatches or world
+    stage = PipelineStage(stage_module, rank, world, device, input_args=tuple(t.to(device) for t in example_in),
+                          output_args=tuple(t.to(device) for t in example_out))
     schedule_cls = ScheduleGPipe if job.schedule == "gpipe" else Schedule1F1B
-    train = target is not None
     schedule = schedule_cls(stage, n_microbatches=micro, loss_fn=_loss_fn(job.loss) if train else None)
     if job.kill_rank == rank:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -178,3 +178,17 @@ def test_killed_rank_ends_the_run_with_a_clear_error(run: dict[str, Any]) -> Non
     while set(_children()) - before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert set(_children()) - before == set()  # no rank left behind
+
+
+@pytest.mark.slow
+def test_four_stage_bert_inference_equals_single_process(run: dict[str, Any]) -> None:
+    """At N = 4 BERT's integer attention mask crosses a cut: PipelineStage's own shape inference ran the stages on
+    torch.empty inputs (garbage indices: IndexError); the stages now get their shapes from one real microbatch."""
+    job = pipeline_job(run["ckpt"]["bert"], 4, run["bert_in"], run["tmp"] / "bert_4.safetensors", schedule="gpipe",
+                       microbatches=2, timeout=120.0, balance="time")
+    [result] = run_pipeline_jobs([job])
+    with torch.no_grad():
+        per_microbatch = torch.cat([run["bert"](**{k: v[i:i + 2] for k, v in run["bert_in"].items()}).logits
+                                    for i in (0, 2)])
+    assert list(result.outputs) == ["logits"], list(result.outputs)
+    assert torch.equal(result.outputs["logits"], per_microbatch)
