@@ -10,45 +10,58 @@ and fork are combinational; a FIFO delays a beat by one cycle. So the latency eq
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .ir import HwGraph, HwLayer
 
-__all__ = ["LayerEstimate", "DesignEstimate", "estimate_design"]
+__all__ = ["Resources", "DesignTotals", "LayerEstimate", "DesignEstimate", "estimate_design", "resource_fields"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    """What a layer (or, summed, the design) costs, and its initiation interval: the one definition of these
+    fields, which the per-layer estimate, the totals, the pass's node record and its info all share."""
+
+    multipliers: int = 0
+    adder_bits: int = 0
+    weight_memory_bits: int = 0
+    buffer_bits: int = 0
+    initiation_interval: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DesignTotals(Resources):
+    """The design's resources (summed over layers; initiation interval: the busiest layer's) and its latency."""
+
+    latency_cycles: int = 0
+    clock_mhz: float = 100.0
+
+
+def resource_fields(source: Any, fields_of: type = Resources) -> dict[str, Any]:
+    """``source``'s values of the fields ``fields_of`` defines (to build a record or info from an estimate)."""
+    return {f.name: getattr(source, f.name) for f in fields(fields_of)}
 
 
 @dataclass(frozen=True)
-class LayerEstimate:
+class LayerEstimate(Resources):
     """One layer's resources and timing (cycles counted from the vector's first input beat)."""
 
     name: str
     kind: str
-    multipliers: int = 0
     multiplier_bits: tuple[int, int] = (0, 0)  # operand widths (data, weight)
-    adder_bits: int = 0
-    weight_memory_bits: int = 0
-    buffer_bits: int = 0
     first_out: int = 0
     last_out: int = 0
-    initiation_interval: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 @dataclass(frozen=True)
-class DesignEstimate:
+class DesignEstimate(DesignTotals):
     """All layers, totals, and the latency in cycles and in microseconds at ``clock_mhz``."""
 
     layers: list[LayerEstimate] = field(default_factory=list)
-    multipliers: int = 0
-    adder_bits: int = 0
-    weight_memory_bits: int = 0
-    buffer_bits: int = 0
-    latency_cycles: int = 0
-    initiation_interval: int = 0
-    clock_mhz: float = 100.0
 
     @property
     def latency_us(self) -> float:
@@ -82,12 +95,10 @@ def estimate_design(hw: HwGraph, clock_mhz: float = 100.0) -> DesignEstimate:
             fifo_bits = len(users) * layer.size * layer.fmt.width
             layers.append(LayerEstimate(f"{name}_fork", "fork", buffer_bits=fifo_bits, first_out=times[0] + 1,
                                         last_out=times[-1] + 1, initiation_interval=len(times)))
-    total = DesignEstimate(
-        layers=layers, multipliers=sum(e.multipliers for e in layers), adder_bits=sum(e.adder_bits for e in layers),
-        weight_memory_bits=sum(e.weight_memory_bits for e in layers), buffer_bits=sum(e.buffer_bits for e in layers),
-        latency_cycles=beats[hw.output][-1], initiation_interval=max(e.initiation_interval for e in layers),
-        clock_mhz=float(clock_mhz))
-    return total
+    sums = {f.name: sum(getattr(e, f.name) for e in layers) for f in fields(Resources)
+            if f.name != "initiation_interval"}  # the design is as busy as its busiest layer, not their sum
+    return DesignEstimate(layers=layers, latency_cycles=beats[hw.output][-1], clock_mhz=float(clock_mhz),
+                          initiation_interval=max(e.initiation_interval for e in layers), **sums)
 
 
 def _inlet(hw: HwGraph, src: str, dst: str, times: list[int]) -> list[int]:

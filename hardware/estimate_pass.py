@@ -16,23 +16,20 @@ from ..graph.metadata import MetaRecord, get_meta, has_meta, register_record
 from ..passes.base import forge_pass
 from ..passes.contract import PassInfo
 from ..passes.propagate import init_node
+from .estimate import DesignTotals, Resources, resource_fields
 
 __all__ = ["hardware_estimate_analysis_pass", "HardwareEstimateRecord", "HardwareEstimateInfo"]
 
 
 @register_record("hardware.estimate")
-@dataclass
-class HardwareEstimateRecord(MetaRecord):
-    """One emitted layer: its kind, parallelism (elements per output beat), resources and cycles."""
+@dataclass(frozen=True)
+class HardwareEstimateRecord(MetaRecord, Resources):
+    """One emitted layer: its kind, parallelism (elements per output beat), resources (the estimate's fields) and
+    the cycle its last output beat leaves."""
 
     kind: str = ""
     parallelism: int = 1
-    multipliers: int = 0
-    adder_bits: int = 0
-    weight_memory_bits: int = 0
-    buffer_bits: int = 0
     last_out_cycle: int = 0
-    initiation_interval: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,26 +42,19 @@ class HardwareEstimateArgs:
 
 
 @dataclass(frozen=True)
-class HardwareEstimateInfo(PassInfo):
-    """layers: per layer (name -> resources and cycles); totals; latency in cycles and microseconds; the design's
-    initiation interval (its busiest layer's, in cycles per vector)."""
+class HardwareEstimateInfo(PassInfo, DesignTotals):
+    """layers: per layer (name -> resources and cycles); totals (the estimate's: resources, the design's initiation
+    interval, i.e. its busiest layer's in cycles per vector, latency in cycles, clock); latency in microseconds."""
 
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    multipliers: int = 0
-    adder_bits: int = 0
-    weight_memory_bits: int = 0
-    buffer_bits: int = 0
-    latency_cycles: int = 0
     latency_us: float = 0.0
-    initiation_interval: int = 0
-    clock_mhz: float = 100.0
 
 
 @forge_pass("analysis", HardwareEstimateArgs, info=HardwareEstimateInfo)
 def hardware_estimate_analysis_pass(graph: ForgeGraph,
                                     args: HardwareEstimateArgs) -> tuple[ForgeGraph, HardwareEstimateInfo]:
     """Estimate the emitted design of ``graph`` (refused as by emit_verilog_transform_pass when unsupported)."""
-    from .estimate import estimate_design  # hardware/ consumes graphs; imported only when estimating
+    from .estimate import estimate_design
     from .ir import build_hw_graph
 
     if args.clock_mhz <= 0:
@@ -80,10 +70,7 @@ def hardware_estimate_analysis_pass(graph: ForgeGraph,
             init_node(node, graph.model)
         layer = hw.layers.get(e.name)
         get_meta(node).hardware.set(HardwareEstimateRecord(
-            kind=e.kind, parallelism=layer.parallelism if layer is not None else 1, multipliers=e.multipliers,
-            adder_bits=e.adder_bits, weight_memory_bits=e.weight_memory_bits, buffer_bits=e.buffer_bits,
-            last_out_cycle=e.last_out, initiation_interval=e.initiation_interval))
-    return graph, HardwareEstimateInfo(
-        layers={e.name: e.to_json() for e in est.layers}, multipliers=est.multipliers, adder_bits=est.adder_bits,
-        weight_memory_bits=est.weight_memory_bits, buffer_bits=est.buffer_bits, latency_cycles=est.latency_cycles,
-        latency_us=est.latency_us, initiation_interval=est.initiation_interval, clock_mhz=est.clock_mhz)
+            kind=e.kind, parallelism=layer.parallelism if layer is not None else 1, last_out_cycle=e.last_out,
+            **resource_fields(e)))
+    return graph, HardwareEstimateInfo(layers={e.name: e.to_json() for e in est.layers}, latency_us=est.latency_us,
+                                       **resource_fields(est, DesignTotals))

@@ -48,3 +48,34 @@ def test_unsupported_graph_is_refused() -> None:
                                                                 "weight_width": 8}}})
     with pytest.raises(PassError, match="'mxint'"):
         hardware_estimate_analysis_pass(g, {})
+
+
+def test_record_and_totals_carry_every_resource_of_the_estimate() -> None:
+    # the record and the info's totals are built from the estimate's field definitions: each field, on each node,
+    # must hold that layer's value (a field dropped or misnamed would leave a default 0 here), totals the sums
+    from dataclasses import fields
+
+    from fxforge.graph.metadata import MetaSection
+    from fxforge.hardware.estimate import Resources
+
+    g = quantized(FFNBlock(head=False), fixed_config(8, 4, 5, 3))
+    _, info = hardware_estimate_analysis_pass(g, {"parallelism": {"data_in_0": 2, "fc1": 4, "fc2": 2}})
+    names = [f.name for f in fields(Resources)]
+    assert {"multipliers", "adder_bits", "weight_memory_bits", "buffer_bits", "initiation_interval"} <= set(names)
+    for name in names:
+        per_layer = [layer[name] for layer in info.layers.values()]
+        want = max(per_layer) if name == "initiation_interval" else sum(per_layer)
+        assert getattr(info, name) == want > 0, name
+    assert info.to_json()["latency_cycles"] == info.latency_cycles == info.layers["add"]["last_out"]
+    checked = 0
+    for node in g.nodes:
+        rec = get_meta(node).hardware.get(HardwareEstimateRecord)
+        if rec is None:
+            continue
+        layer = info.layers[node.name]
+        assert {n: getattr(rec, n) for n in names} == {n: layer[n] for n in names}
+        assert (rec.kind, rec.last_out_cycle) == (layer["kind"], layer["last_out"])
+        back = MetaSection.from_json(get_meta(node).hardware.to_json()).get(HardwareEstimateRecord)
+        assert back == rec  # the record survives a checkpoint's JSON round trip
+        checked += 1
+    assert checked >= 3  # fc1, fc2 and add at least
