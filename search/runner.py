@@ -173,6 +173,9 @@ class Search:
             ``sqlite:///FILE``, ``file:///DIR`` or a tracking server ``http(s)://HOST:PORT`` (search/mlflow_log.py).
         prefix_cache: where trials that differ only after their fine-tune share its result (search/prefix_cache.py):
             True (``run_dir/prefix-cache``), a directory, a PrefixCache (e.g. with another size cap), or None.
+        fail_stale: on resume, fail (and re-queue) the trials a dead process left RUNNING; False for a process
+            joining a journal study that other live processes run (the journal has no heartbeat to tell their
+            trials from a dead process's; databases check heartbeats either way).
     """
 
     space: SearchSpace
@@ -197,6 +200,7 @@ class Search:
     fidelity: Fidelity | Mapping[str, Any] | None = None
     mlflow: bool | str | None = None
     prefix_cache: str | Path | PrefixCache | bool | None = True
+    fail_stale: bool = True
 
     def __post_init__(self) -> None:
         self._objectives = resolve_objectives(self.objectives)
@@ -268,7 +272,8 @@ class Search:
             if not self.resume:
                 raise SearchError(f"study {self.study_name!r} already exists ({len(study.trials)} trials); "
                                   "pass resume=True to continue it, or choose another study_name")
-            fail_stale_trials(study, storage, where)  # what a killed process left RUNNING: failed, re-queued
+            if self.fail_stale or where.kind != "journal":
+                fail_stale_trials(study, storage, where)  # what a killed process left RUNNING: failed, re-queued
             return study
         study = optuna.create_study(storage=storage, study_name=self.study_name, directions=directions,
                                     sampler=self._make_sampler(0), pruner=make_pruner(self.pruner, self._fidelity))
