@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -65,6 +65,7 @@ class TrainResult:
     seconds: float
     tokens_per_second: float
     parameters: int
+    model: GPT | None = field(default=None, repr=False, compare=False)  # the trained model, in eval mode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,7 +158,8 @@ def train(args: argparse.Namespace) -> TrainResult:
             print(f"step {step + 1:5d}  val loss {val_loss:.4f}  ({val_loss / math.log(2):.3f} bits/byte)")
     if window_n:
         last_train = window_loss / window_n
-    result = TrainResult(last_train, val_loss, train_time, tokens_per_step * args.steps / train_time, n_params)
+    result = TrainResult(last_train, val_loss, train_time, tokens_per_step * args.steps / train_time, n_params,
+                         model.eval())
     print(f"done: {args.steps} steps in {train_time:.1f}s of training, {result.tokens_per_second:,.0f} tok/s; "
           f"final train loss {result.final_train_loss:.4f}, val loss {result.final_val_loss:.4f}")
     return result
