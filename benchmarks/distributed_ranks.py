@@ -112,40 +112,16 @@ def _timed(step: Callable[[], Any], device: torch.device) -> Callable[[], float]
     return run
 
 
-class _ContiguousOutputs(torch.nn.Module):
-    """A stage whose outputs are contiguous: gloo sends only contiguous tensors, and a cut can cross a view (an
-    expanded attention mask at N = 4)."""
-
-    def __init__(self, stage: torch.nn.Module) -> None:
-        super().__init__()
-        self.stage = stage
-
-    def forward(self, *args: torch.Tensor) -> Any:
-        out = self.stage(*args)
-        if isinstance(out, tuple | list):
-            return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in out)
-        return out.contiguous() if isinstance(out, torch.Tensor) else out
-
-
-def _stage_examples(top: Any, rank: int, flat: list[torch.Tensor], microbatches: int
-                    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """This stage's inputs and outputs on one microbatch (stages 0..rank run here, on the whole split graph).
-
-    Given to PipelineStage, they spare its run-time shape inference, which runs the stage on ``torch.empty``
-    inputs: an integer tensor crossing a cut (BERT's attention mask at N = 4) then holds garbage indices."""
-    values: tuple[torch.Tensor, ...] = tuple(t[: t.shape[0] // microbatches] for t in flat)
-    with torch.no_grad():
-        for k in range(rank + 1):
-            ins = values
-            out = top.get_submodule(f"stage_{k}")(*values)
-            values = tuple(out) if isinstance(out, tuple | list) else (out,)
-    return tuple(t.contiguous() for t in ins), tuple(t.contiguous() for t in values)  # recv buffers: gloo wants them so
-
-
 def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: torch.device,
            out: RankMeasure) -> dict[str, Callable[[], Any]]:
     """This rank's share of ``model`` and one step function per variant; records held bytes and the load peak."""
-    from fxforge.distributed.pipeline_rank import PipelineJob, _split, held_parameter_bytes
+    from fxforge.distributed.pipeline_rank import (
+        ContiguousOutputs,
+        PipelineJob,
+        held_parameter_bytes,
+        split_job,
+        stage_examples,
+    )
     from fxforge.graph.forge_graph import ForgeGraph
     from fxforge.graph.inputs import ExampleInputs
     from fxforge.passes.propagate import flat_inputs
@@ -163,12 +139,12 @@ def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: tor
 
         job = PipelineJob(checkpoint=model.checkpoint, stages=world, inputs=data, balance=spec.balance,
                           timeout=spec.timeout, threads=spec.threads)
-        split, (cuts, _) = _split(job, rank, data)
+        split, (cuts, _) = split_job(job, rank, data)
         out.cuts[model.name] = list(cuts)
         out.total[model.name] = sum(p.numel() * p.element_size() for p in split.model.parameters())
         flat = [t.to(device) for t in flat_inputs(split.model, ExampleInputs.coerce(data))]
-        module = _ContiguousOutputs(split.model.get_submodule(f"stage_{rank}").to(device))
-        ins, outs = _stage_examples(split.model, rank, flat, spec.microbatches)
+        module = ContiguousOutputs(split.model.get_submodule(f"stage_{rank}").to(device))
+        ins, outs = stage_examples(split.model, rank, flat, spec.microbatches, train=False)
         del split  # from here this rank holds its stage only
         args = flat if rank == 0 else []
         steps = {}

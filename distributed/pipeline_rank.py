@@ -22,7 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-__all__ = ["PipelineJob", "RankReport", "held_parameter_bytes", "rank_main", "run_jobs"]
+__all__ = ["ContiguousOutputs", "PipelineJob", "RankReport", "held_parameter_bytes", "rank_main", "run_jobs",
+           "split_job", "stage_examples"]
 
 SCHEDULES = ("gpipe", "1f1b")
 LOSSES = ("cross_entropy", "mse")
@@ -133,7 +134,7 @@ def _load_inputs(job: PipelineJob) -> dict[str, torch.Tensor]:
     return load_file(job.inputs)
 
 
-def _split(job: PipelineJob, rank: int, data: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+def split_job(job: PipelineJob, rank: int, data: dict[str, torch.Tensor]) -> tuple[Any, Any]:
     """The checkpoint's graph split into ``job.stages``: rank 0 runs the analysis the balance reads and chooses
     the cuts, the others apply them by name (so every rank cuts alike, whatever the timings)."""
     import torch.distributed as dist
@@ -183,7 +184,7 @@ def run_jobs(jobs: list[PipelineJob]) -> list[RankReport]:
     return reports
 
 
-class _Contiguous(torch.nn.Module):
+class ContiguousOutputs(torch.nn.Module):
     """A stage whose tensor outputs are contiguous: gloo sends only contiguous tensors, and a cut can cross a view."""
 
     def __init__(self, stage: torch.nn.Module) -> None:
@@ -197,8 +198,8 @@ class _Contiguous(torch.nn.Module):
         return out.contiguous() if isinstance(out, torch.Tensor) else out
 
 
-def _stage_examples(top: torch.nn.Module, rank: int, flat: list[Any], microbatches: int, train: bool
-                    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+def stage_examples(top: torch.nn.Module, rank: int, flat: list[Any], microbatches: int, train: bool
+                   ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """This stage's inputs and outputs on one microbatch, from stages 0..rank run here on the whole split graph.
 
     PipelineStage is given them instead of inferring shapes itself: its inference runs a stage on torch.empty
@@ -233,14 +234,14 @@ def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
     dist.broadcast_object_list(shared, src=0)
     data: dict[str, torch.Tensor] = shared[0]
     target = data.pop(job.target) if job.target is not None else None
-    split, (cuts, shares) = _split(job, rank, data)
+    split, (cuts, shares) = split_job(job, rank, data)
     total = sum(p.numel() * p.element_size() for p in split.model.parameters())
     flat = flat_inputs(split.model, ExampleInputs.coerce(data))
     template, codegen = _output_template(split.model)
     micro = job.microbatches or world
     train = target is not None
-    example_in, example_out = _stage_examples(split.model, rank, flat, micro, train)
-    stage_module = _Contiguous(split.model.get_submodule(f"stage_{rank}")).to(device)
+    example_in, example_out = stage_examples(split.model, rank, flat, micro, train)
+    stage_module = ContiguousOutputs(split.model.get_submodule(f"stage_{rank}")).to(device)
     # a stage names its layers m0, m1, ...: gradients are reported under the graph's own parameter names
     names_of = {id(p): n for n, p in split.model.named_parameters(remove_duplicate=False) if not n.startswith("stage_")}
     del split  # from here this rank holds its stage only

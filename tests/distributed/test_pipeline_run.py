@@ -54,6 +54,31 @@ def test_rank_zero_names_the_outputs_of_the_last_stage() -> None:
         assert list(named) == ["output"] and torch.equal(named["output"], mg(idx))
 
 
+def test_stage_examples_are_each_stages_real_microbatch() -> None:
+    """Unmarked, no process: the example inputs / outputs every rank (and the distributed benchmark) gives its
+    PipelineStage are the previous stage's outputs on the first microbatch, contiguous; gradients only in training."""
+    from fxforge import passes
+    from fxforge.distributed.pipeline_rank import ContiguousOutputs, stage_examples
+
+    mg, _ = passes.init_metadata_analysis_pass(ForgeGraph(make_gpt(), torch.randint(0, 64, (2, 16))))
+    split, _ = passes.split_stages_transform_pass(mg, {"stages": 3, "balance": "params"})
+    idx = torch.randint(0, 64, (4, 9))
+    previous: tuple[torch.Tensor, ...] = (idx[:2],)
+    for rank in range(3):
+        ins, outs = stage_examples(split.model, rank, [idx], 2, False)
+        assert len(ins) == len(previous) and all(torch.equal(a, b) for a, b in zip(ins, previous))
+        assert all(t.is_contiguous() and not t.requires_grad for t in ins + outs)
+        stage = ContiguousOutputs(split.model.get_submodule(f"stage_{rank}"))
+        with torch.no_grad():
+            again = stage(*ins)
+        assert all(torch.equal(a, b) for a, b in zip(again if isinstance(again, tuple) else (again,), outs))
+        previous = outs
+    with torch.no_grad():
+        assert torch.equal(previous[0], mg(idx[:2]))
+    ins, outs = stage_examples(split.model, 1, [idx], 2, True)
+    assert all(t.requires_grad for t in ins + outs if t.is_floating_point())
+
+
 def test_bad_jobs_are_refused_before_any_process_starts(tmp_path: Path) -> None:
     mg = ForgeGraph(make_gpt(), torch.randint(0, 64, (2, 16)))
     ckpt = mg.export(tmp_path / "gpt")
