@@ -51,6 +51,7 @@ from .prune import (
     shrink_transform_pass,
 )
 from .quantize import (
+    awq_transform_pass,
     calculate_avg_bits_module_analysis_pass,
     calibrate_analysis_pass,
     calibrate_transform_pass,
@@ -105,6 +106,7 @@ __all__ = [
     "fuse_lora_weights_transform_pass",
     "quantize_transform_pass",
     "gptq_transform_pass",
+    "awq_transform_pass",
     "rotate_hadamard_transform_pass",
     "quantize_module_transform_pass",
     "conv_bn_fusion_transform_pass",

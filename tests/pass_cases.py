@@ -61,6 +61,7 @@ CASES: dict[str, PassCase] = {
     "calculate_avg_bits_module_analysis_pass": PassCase(_none, (("quantize_transform_pass", lambda d: FIXED_LINEAR),)),
     "calibrate_transform_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8,)),
     "gptq_transform_pass": PassCase(lambda d: {"config": FIXED_LINEAR, "data": d}),
+    "awq_transform_pass": PassCase(lambda d: {"config": FIXED_LINEAR, "data": d}),
     "rotate_hadamard_transform_pass": PassCase(_none),  # no RMSNorm decoder in BERT: left as it is (test_rotation)
     "quantization_report_analysis_pass": PassCase(lambda d: {"data": d}, (_QUANTIZE_INT8, _CALIBRATE)),
     "lower_int8_transform_pass": PassCase(_none, (_QUANTIZE_INT8, _CALIBRATE)),

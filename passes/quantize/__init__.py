@@ -2,6 +2,8 @@
 
 from . import packed_layers  # noqa: F401  # checkpoints store quantized layers' weights packed
 from .attention import QuantizedSDPA
+from .awq import awq_transform_pass
+from .awq_scale import ChannelScale
 from .calibrate import calibrate_analysis_pass, calibrate_transform_pass
 from .config import OpQuantConfig, QuantizeConfig, QuantizeConfigError, RoleSpec
 from .formats import FORMATS, ROLES
@@ -22,6 +24,7 @@ __all__ = [
     "FORMATS",
     "ROLES",
     "CalibrationRecord",
+    "ChannelScale",
     "Int8Linear",
     "LoweringRecord",
     "NotPackable",
@@ -40,6 +43,7 @@ __all__ = [
     "WeightOnlyEmbedding",
     "WeightOnlyInt4Linear",
     "WeightOnlyInt8Linear",
+    "awq_transform_pass",
     "calibrate_analysis_pass",
     "calibrate_transform_pass",
     "calculate_avg_bits_module_analysis_pass",

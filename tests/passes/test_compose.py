@@ -84,7 +84,8 @@ def run_alone(base: ForgeGraph, name: str) -> torch.Tensor | None:
 # first, stay here
 MEMORY = {"activation_checkpoint_transform_pass", "buffer_reuse_transform_pass"}
 WAVE3 = {"split_stages_transform_pass", "conv_bn_fusion_transform_pass", "attention_swap_transform_pass",
-         "gptq_transform_pass", "rotate_hadamard_transform_pass", "emit_verilog_transform_pass"}
+         "gptq_transform_pass", "rotate_hadamard_transform_pass", "emit_verilog_transform_pass",
+         "awq_transform_pass"}
 LATER = MEMORY | WAVE3
 PAIRS = [pytest.param(first, second, marks=[pytest.mark.slow] if second in LATER and first not in LATER else [])
          for first in registered("transform") for second in registered("transform")]

@@ -50,6 +50,7 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "calibrate": ("calibrate_transform_pass", {"data": [bert_inputs(labels=False)]},
                   [("quantize_transform_pass", STATIC)], None),
     "gptq": ("gptq_transform_pass", {"config": INT8, "data": [bert_inputs(labels=False)]}, [], None),
+    "awq": ("awq_transform_pass", {"config": INT8, "data": [bert_inputs(labels=False)]}, [], None),
     "rotate": ("rotate_hadamard_transform_pass", {}, [], None),  # BERT has LayerNorm: unchanged (test_rotation)
     "lower_int8": ("lower_int8_transform_pass", {"backend": "fbgemm"}, [("quantize_transform_pass", INT8)], None),
     "lower_weight_only": ("lower_weight_only_transform_pass", {}, [("quantize_transform_pass", MXINT4)], None),
