@@ -37,13 +37,21 @@ def _children() -> list[int]:
     return out
 
 
-def test_rank_zero_names_the_outputs_of_the_last_stage() -> None:
-    """Unmarked, no process: what rank 0 does with the last stage's tuple (the graph's output structure rebuilt)."""
+@pytest.fixture(scope="module")
+def gpt_split() -> tuple[ForgeGraph, ForgeGraph]:
+    """The zoo GPT and its split into 3 stages (in process; shared by the unmarked tests)."""
     from fxforge import passes
-    from fxforge.distributed.pipeline_rank import _named_outputs, _output_template
 
     mg, _ = passes.init_metadata_analysis_pass(ForgeGraph(make_gpt(), torch.randint(0, 64, (2, 16))))
     split, _ = passes.split_stages_transform_pass(mg, {"stages": 3, "balance": "params"})
+    return mg, split
+
+
+def test_rank_zero_names_the_outputs_of_the_last_stage(gpt_split: tuple[ForgeGraph, ForgeGraph]) -> None:
+    """Unmarked, no process: what rank 0 does with the last stage's tuple (the graph's output structure rebuilt)."""
+    from fxforge.distributed.pipeline_rank import _named_outputs, _output_template
+
+    mg, split = gpt_split
     idx = torch.randint(0, 64, (3, 7))
     with torch.no_grad():
         values = (idx,)
@@ -54,14 +62,12 @@ def test_rank_zero_names_the_outputs_of_the_last_stage() -> None:
         assert list(named) == ["output"] and torch.equal(named["output"], mg(idx))
 
 
-def test_stage_examples_are_each_stages_real_microbatch() -> None:
+def test_stage_examples_are_each_stages_real_microbatch(gpt_split: tuple[ForgeGraph, ForgeGraph]) -> None:
     """Unmarked, no process: the example inputs / outputs every rank (and the distributed benchmark) gives its
     PipelineStage are the previous stage's outputs on the first microbatch, contiguous; gradients only in training."""
-    from fxforge import passes
     from fxforge.distributed.pipeline_rank import ContiguousOutputs, stage_examples
 
-    mg, _ = passes.init_metadata_analysis_pass(ForgeGraph(make_gpt(), torch.randint(0, 64, (2, 16))))
-    split, _ = passes.split_stages_transform_pass(mg, {"stages": 3, "balance": "params"})
+    mg, split = gpt_split
     idx = torch.randint(0, 64, (4, 9))
     previous: tuple[torch.Tensor, ...] = (idx[:2],)
     for rank in range(3):
