@@ -1,19 +1,21 @@
-"""rotate_hadamard_transform_pass: QuaRot-style rotation of a Llama/Qwen residual stream, fused into weights.
+"""rotate_hadamard_transform_pass: QuaRot-style Hadamard rotations fused into weights, outputs unchanged.
 
-First every RMSNorm scale is folded into the linears that read the normed value (input_layernorm into
-q/k/v, post_attention_layernorm into gate/up, the final norm into the LM head) and set to 1. RMSNorm
-without a scale commutes with any orthogonal Q (‖xQ‖ = ‖x‖), so the residual stream can then be carried
-rotated: the embedding table becomes E·Q, every linear reading the stream W·Q, every linear writing it
-(o_proj, down_proj) Qᵀ·W (bias Qᵀ·b). The model computes the same function (exact in fp32 up to rounding),
-but its weights and activations lose their outlier channels, so they quantize better (GPTQ after it).
+Three ways, chosen by ``mode`` (``auto``: the first that fits the graph):
 
-Q is the normalised Sylvester Hadamard matrix when the hidden size is a power of two, otherwise a seeded
-random orthogonal matrix. Supported: HF Llama / Qwen2 / Mistral-style decoders (modules named
-``layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}``,
-``embed_tokens``, ``norm``, ``lm_head``), tied embeddings untied. Not supported: the per-head (online)
-rotations of full QuaRot; LayerNorm models (GPT-2, the zoo GPT, BERT) are left unchanged with the reason in
-``info.unsupported`` (as conv_bn_fusion leaves a graph without BatchNorm): LayerNorm subtracts the mean, which
-does not commute with a rotation unless the stream is made mean-free and LayerNorm replaced by RMSNorm (not done).
+* ``rmsnorm`` — HF Llama / Qwen2 / Mistral-style decoders (modules named ``layers.N.{input_layernorm,
+  self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}``, ``embed_tokens``, ``norm``,
+  ``lm_head``): every RMSNorm scale folded into the linears reading it and set to 1, then the residual stream
+  carried rotated (embedding E·Q, readers W·Q, writers o_proj / down_proj Qᵀ·W, bias Qᵀ·b; tied heads untied).
+* ``layernorm`` — pre-LN models (GPT-2 style, the zoo GPT), found from the graph: the stream made mean-free,
+  LayerNorms folded and replaced by unscaled ``nn.RMSNorm``, then rotated the same way (rotate_layernorm.py).
+* ``online`` — any model (post-LN BERT / MiniLM): each selected linear's weight becomes W·H and x·H is computed
+  on its input at run time by an inserted :class:`HadamardRotation` (rotate_online.py).
+
+Each computes the same function (exact in fp32 up to rounding) with weights whose outlier channels are spread,
+so they quantize better (gptq_transform_pass after it). Q is a Hadamard matrix (Sylvester ⊗ Paley) when one of
+the hidden size exists, otherwise a seeded random orthogonal matrix; online rotations are block-diagonal
+Hadamards when the width has no full one. Not done: the per-head rotations of full QuaRot. In ``auto`` mode a
+graph fitting neither fused mode (e.g. BERT) is left as it is with the reason in ``info.unsupported``.
 """
 
 from __future__ import annotations
@@ -21,75 +23,75 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
-from ..base import forge_pass
+from ..base import PassError, forge_pass
 from ..contract import NumericalContract, PassInfo
+from ..select import Selector, parse_selector_fields
+from .hadamard import HadamardRotation, hadamard, rotation_matrix
+from .rotate_layernorm import find_pre_ln_stream, rotate_pre_ln
+from .rotate_online import rotate_online
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["rotate_hadamard_transform_pass", "RotateArgs", "RotateInfo", "hadamard", "rotation_matrix"]
+__all__ = ["rotate_hadamard_transform_pass", "RotateArgs", "RotateInfo", "HadamardRotation", "hadamard",
+           "rotation_matrix"]
 
 _NORM_READERS = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                  "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj")}
 _WRITERS = ("self_attn.o_proj", "mlp.down_proj")
+MODES = ("auto", "rmsnorm", "layernorm", "online")
+ONLINE_TARGETS = Selector.parse({"type": "linear"})
 
 
 @dataclass(frozen=True)
 class RotateArgs:
-    """seed: of the random orthogonal matrix used when the hidden size is not a power of two."""
+    """mode: ``auto`` | ``rmsnorm`` | ``layernorm`` | ``online`` (module docstring); seed: of the random orthogonal
+    matrix used when the hidden size has no Hadamard matrix; targets / exclude: selectors of the linears rotated
+    in ``online`` mode (default every nn.Linear; giving ``targets`` with mode ``auto`` means ``online``)."""
 
+    mode: str = "auto"
     seed: int = 0
+    targets: Any = None
+    exclude: Any = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
+        if self.targets is not None and self.mode in ("rmsnorm", "layernorm"):
+            raise ValueError(f"'targets' selects the linears of mode='online'; mode={self.mode!r} rotates the whole "
+                             "residual stream: omit 'targets' or use mode='online'")
+        parse_selector_fields(self)
 
 
 @dataclass(frozen=True)
 class RotateInfo(PassInfo):
-    """hidden: residual width; rotation: ``hadamard`` or ``random_orthogonal``; blocks: decoder blocks rotated;
-    folded_norms: RMSNorm scales folded into the following linears; untied: LM head untied from the embedding;
-    unsupported: why the graph was left as it is (no RMSNorm decoder found: LayerNorm models, encoders)."""
+    """mode: the mode that ran (``rmsnorm`` | ``layernorm`` | ``online``; empty when the graph was left as it is);
+    rotated: layers whose weights were rotated; hidden: residual width (fused modes); rotation: ``hadamard`` or
+    ``random_orthogonal``; blocks: decoder blocks rotated (rmsnorm); folded_norms: norms whose scale (and shift)
+    were folded into the following linears; replaced_norms: LayerNorms replaced by unscaled RMSNorm (layernorm);
+    inserted: HadamardRotation modules inserted (online); skipped: selected layers left as they are, with the
+    reason (online); untied: a weight tied to another module was untied; unsupported: why the graph was left."""
 
+    mode: str = ""
+    rotated: list[str] = field(default_factory=list)
     hidden: int = 0
     rotation: str = ""
     blocks: int = 0
     folded_norms: list[str] = field(default_factory=list)
+    replaced_norms: list[str] = field(default_factory=list)
+    inserted: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
     untied: bool = False
     unsupported: str = ""
 
 
-def hadamard(n: int) -> torch.Tensor:
-    """The orthonormal Sylvester Hadamard matrix of size ``n`` (a power of two), in float64."""
-    if n < 1 or n & (n - 1):
-        raise ValueError(f"Sylvester Hadamard matrices exist for powers of two, got {n}")
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / h.shape[0] ** 0.5
-
-
-def rotation_matrix(n: int, seed: int = 0) -> tuple[torch.Tensor, str]:
-    """(orthogonal Q of size ``n`` in float64, its kind): Hadamard for powers of two, else seeded random."""
-    if n & (n - 1) == 0:
-        return hadamard(n), "hadamard"
-    gen = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
-    return q * torch.sign(torch.diagonal(r)).unsqueeze(0), "random_orthogonal"
-
-
 def _find(root: nn.Module, suffix: str) -> list[tuple[str, nn.Module]]:
     return [(p, m) for p, m in root.named_modules() if p == suffix or p.endswith("." + suffix)]
-
-
-def _layer_norm(root: nn.Module) -> str | None:
-    """Why a model with LayerNorm is left unrotated (None when it has none)."""
-    for path, module in root.named_modules():
-        if isinstance(module, nn.LayerNorm):
-            return (f"{path!r} is a LayerNorm, which subtracts the mean and does not commute with a rotation; only "
-                    "RMSNorm (Llama/Qwen-style) decoders are rotated: quantize this model without rotation "
-                    "(gptq_transform_pass alone)")
-    return None
 
 
 def _linear(root: nn.Module, path: str) -> nn.Linear:
@@ -108,28 +110,28 @@ def _set(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None = No
         linear.bias.copy_(bias.to(linear.bias.dtype))
 
 
-@forge_pass("transform", RotateArgs, info=RotateInfo, forbids=("quantized", "pipeline-stages"),
-            contract=NumericalContract("exact", atol=1e-5, rtol=1e-5,
-                                       note="norm scales folded, residual stream rotated: the same function"))
-def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple[ForgeGraph, RotateInfo]:
-    """Fold RMSNorm scales into the next linears and rotate the residual stream by an orthogonal Q."""
-    root = graph.model
-    embeds = _find(root, "embed_tokens")
+def _llama_blocks(root: nn.Module) -> tuple[list[str], str | None]:
+    """(the decoder blocks of a Llama/Qwen-style model, None) or ([], why the model is not one)."""
+    for path, module in root.named_modules():
+        if isinstance(module, nn.LayerNorm):
+            return [], f"{path!r} is a LayerNorm, not an RMSNorm"
     blocks = sorted({p.rsplit(".self_attn", 1)[0] for p, _ in _find(root, "self_attn.q_proj")},
                     key=lambda p: int(re.findall(r"\d+", p)[-1]))
-    heads = _find(root, "lm_head")
-    unsupported = _layer_norm(root)
-    if unsupported is None and (len(embeds) != 1 or not blocks):
-        unsupported = ("no Llama/Qwen-style decoder (one 'embed_tokens' and blocks 'layers.N' with "
-                       "self_attn.q_proj, ...): the pass rotates HF Llama / Qwen2 / Mistral-style models only")
-    if unsupported is not None:  # like conv_bn_fusion without a BatchNorm: nothing to do, said once
-        _log.warning("rotate_hadamard_transform_pass: graph left as it is: %s", unsupported)
-        return graph, RotateInfo(unsupported=unsupported, changed=False)
-    embed = embeds[0][1]
+    if len(_find(root, "embed_tokens")) != 1 or not blocks:
+        return [], ("no Llama/Qwen-style decoder (one 'embed_tokens' and blocks 'layers.N' with self_attn.q_proj, "
+                    "...)")
+    return blocks, None
+
+
+def _rotate_rmsnorm(root: nn.Module, blocks: list[str], seed: int) -> RotateInfo:
+    """Fold RMSNorm scales into the next linears and rotate the residual stream of a Llama-style decoder."""
+    (embed_path, embed), = _find(root, "embed_tokens")
     assert isinstance(embed, nn.Embedding)
+    heads = _find(root, "lm_head")
     hidden = embed.weight.shape[1]
-    q, kind = rotation_matrix(hidden, args.seed)
+    q, kind = rotation_matrix(hidden, seed)
     folded: list[str] = []
+    rotated: list[str] = [embed_path]
 
     def fold(norm_path: str, readers: list[nn.Linear]) -> None:
         scale = root.get_parameter(f"{norm_path}.weight")
@@ -148,8 +150,7 @@ def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple
     for block in blocks:
         for norm, readers in _NORM_READERS.items():
             fold(f"{block}.{norm}", [_linear(root, f"{block}.{r}") for r in readers])
-    final_norm = embeds[0][0].rsplit("embed_tokens", 1)[0] + "norm"
-    fold(final_norm, [_linear(root, p) for p, _ in heads])
+    fold(embed_path.rsplit("embed_tokens", 1)[0] + "norm", [_linear(root, p) for p, _ in heads])
 
     with torch.no_grad():
         embed.weight.copy_((embed.weight.double() @ q).to(embed.weight.dtype))
@@ -157,11 +158,51 @@ def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple
         for r in (*_NORM_READERS["input_layernorm"], *_NORM_READERS["post_attention_layernorm"]):
             lin = _linear(root, f"{block}.{r}")
             _set(lin, lin.weight.detach().double() @ q)
+            rotated.append(f"{block}.{r}")
         for w in _WRITERS:
             lin = _linear(root, f"{block}.{w}")
             b = lin.bias.detach().double() @ q if lin.bias is not None else None
             _set(lin, q.T @ lin.weight.detach().double(), b)
+            rotated.append(f"{block}.{w}")
     for p, _ in heads:
         head = _linear(root, p)
         _set(head, head.weight.detach().double() @ q)
-    return graph, RotateInfo(hidden=hidden, rotation=kind, blocks=len(blocks), folded_norms=folded, untied=untied)
+        rotated.append(p)
+    return RotateInfo(mode="rmsnorm", rotated=rotated, hidden=hidden, rotation=kind, blocks=len(blocks),
+                      folded_norms=folded, untied=untied)
+
+
+@forge_pass("transform", RotateArgs, info=RotateInfo, forbids=("quantized", "pipeline-stages"),
+            contract=NumericalContract("exact", atol=1e-5, rtol=1e-5,
+                                       note="norms folded, stream or linear inputs rotated: the same function"))
+def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple[ForgeGraph, RotateInfo]:
+    """Rotate by orthogonal Hadamard matrices fused into the weights (module docstring: the three modes)."""
+    gm = graph.model
+    mode = "online" if args.mode == "auto" and args.targets is not None else args.mode
+    if mode == "online":
+        targets = ONLINE_TARGETS if args.targets is None else args.targets
+        rotated, inserted, skipped, untied = rotate_online(gm, targets, args.exclude)
+        if not rotated:
+            raise PassError(f"rotate_hadamard_transform_pass: mode='online' selected no nn.Linear to rotate (targets "
+                            f"{targets!r}, skipped {skipped}); select linears with 'targets'")
+        return graph, RotateInfo(mode="online", rotated=rotated, inserted=inserted, skipped=skipped, untied=untied,
+                                 rotation="hadamard")
+    reasons: list[str] = []
+    if mode in ("auto", "rmsnorm"):
+        blocks, why = _llama_blocks(gm)
+        if why is None:
+            return graph, _rotate_rmsnorm(gm, blocks, args.seed)
+        reasons.append(f"rmsnorm: {why}")
+    if mode in ("auto", "layernorm"):
+        stream = find_pre_ln_stream(gm)
+        if not isinstance(stream, str):
+            q, kind = rotation_matrix(stream.hidden, args.seed)
+            rotated, replaced, untied = rotate_pre_ln(gm, stream, q)
+            return graph, RotateInfo(mode="layernorm", rotated=rotated, hidden=stream.hidden, rotation=kind,
+                                     folded_norms=replaced, replaced_norms=replaced, untied=untied)
+        reasons.append(f"layernorm: {stream}")
+    unsupported = "; ".join(reasons) + ". mode='online' rotates the inputs of any model's linears"
+    if mode != "auto":
+        raise PassError(f"rotate_hadamard_transform_pass: mode={mode!r} does not fit this graph: {unsupported}")
+    _log.warning("rotate_hadamard_transform_pass: graph left as it is: %s", unsupported)
+    return graph, RotateInfo(unsupported=unsupported, changed=False)

@@ -18,7 +18,9 @@ def _logits(out: object) -> torch.Tensor:
 @pytest.mark.parametrize(("family", "overrides", "kind"), [
     ("llama", {"tie_word_embeddings": True}, "hadamard"),
     # a second capture of an HF decoder costs ~4 s: the second shape (and family) runs in make test-slow
-    pytest.param("qwen2", {"hidden_size": 48, "intermediate_size": 80}, "random_orthogonal", marks=pytest.mark.slow),
+    pytest.param("qwen2", {"hidden_size": 48, "intermediate_size": 80}, "hadamard", marks=pytest.mark.slow),  # 12·4
+    pytest.param("qwen2", {"hidden_size": 36, "num_attention_heads": 2, "intermediate_size": 80}, "random_orthogonal",
+                 marks=pytest.mark.slow),  # 36: no Hadamard order
 ])
 def test_rotation_keeps_outputs(family: str, overrides: dict, kind: str) -> None:
     model = tiny_hf(family, **overrides)
@@ -29,7 +31,7 @@ def test_rotation_keeps_outputs(family: str, overrides: dict, kind: str) -> None
     g = ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"])
     inputs = {k: v for k, v in hf_inputs(family, 2, 9).items() if k != "labels"}
     rotated, info = get_pass("rotate_hadamard_transform_pass")(g)
-    assert info.rotation == kind and info.blocks == 2 and len(info.folded_norms) == 5
+    assert info.mode == "rmsnorm" and info.rotation == kind and info.blocks == 2 and len(info.folded_norms) == 5
     assert info.untied == overrides.get("tie_word_embeddings", False)
     torch.testing.assert_close(_logits(rotated(**inputs)), _logits(g(**inputs)), atol=1e-5, rtol=1e-5)
     params = dict(rotated.model.named_parameters())
@@ -51,5 +53,7 @@ def test_rotation_leaves_layer_norm_models_saying_why() -> None:
     x = torch.randn(2, 8)
     g = ForgeGraph(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)), (x,))
     out, info = get_pass("rotate_hadamard_transform_pass")(g)
-    assert "'1' is a LayerNorm" in info.unsupported and info.blocks == 0 and info.changed is False
+    assert "'1' is a LayerNorm, not an RMSNorm" in info.unsupported
+    assert "LayerNorm '1' is read by 'output'" in info.unsupported  # not a pre-LN stream either
+    assert info.mode == "" and info.blocks == 0 and info.changed is False
     assert torch.equal(out(x), g(x))

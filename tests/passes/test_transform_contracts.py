@@ -51,7 +51,7 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
                   [("quantize_transform_pass", STATIC)], None),
     "gptq": ("gptq_transform_pass", {"config": INT8, "data": [bert_inputs(labels=False)]}, [], None),
     "awq": ("awq_transform_pass", {"config": INT8, "data": [bert_inputs(labels=False)]}, [], None),
-    "rotate": ("rotate_hadamard_transform_pass", {}, [], None),  # BERT has LayerNorm: unchanged (test_rotation)
+    "rotate": ("rotate_hadamard_transform_pass", {"mode": "online"}, [], None),  # post-LN: linear inputs rotated
     "lower_int8": ("lower_int8_transform_pass", {"backend": "fbgemm"}, [("quantize_transform_pass", INT8)], None),
     "lower_weight_only": ("lower_weight_only_transform_pass", {}, [("quantize_transform_pass", MXINT4)], None),
     "prune": ("prune_transform_pass", {"weight": {"sparsity": 0.2, "scope": "global"}}, [], None),
@@ -130,6 +130,18 @@ def test_transform_contract_and_metadata(bert_graph: ForgeGraph, case: str) -> N
         else:  # bounded: measured and finite, and the transform did change something
             assert 10.0 < diff.sqnr_db < float("inf"), (case, diff)
     assert _common(mg) == _fresh(mg)
+
+
+def test_awq_scaling_alone_keeps_bert_outputs(bert_graph: ForgeGraph) -> None:
+    """AWQ's input scales (ChannelScale nodes in BERT, whose norms also feed residuals) change nothing until the
+    weights are quantized: with every quantizer off the graph equals the float one at both shapes."""
+    int4 = {"by": "type", "linear": {"config": {"name": "integer", "weight_width": 4, "weight_frac_width": "auto"}}}
+    mg, info = passes.awq_transform_pass(bert_graph, {"config": int4, "data": [bert_inputs(labels=False)]})
+    assert len(info.layers) == 14 and any(e["alpha"] > 0 for e in info.layers.values())
+    for q in passes.quantize.state.quantizers(mg.model).values():
+        q.enabled = False
+    for ref, out in zip(_outputs(bert_graph), _outputs(mg)):
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", sorted(GPT_CASES))
