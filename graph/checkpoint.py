@@ -34,8 +34,9 @@ from .checkpoint_load import (
     reference_outputs,
 )
 from .checkpoint_packed import PackPlan, packed_json, plan_packing
-from .checkpoint_values import check_node_name, check_path, encode_value, join
+from .checkpoint_values import IDENT, check_module_stack, check_node_name, check_path, encode_value, join
 from .known_ops import op_schema
+from .limits import MAX_CLASS_NAME_CHARS
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
 from .metadata import dtype_name, get_meta, has_meta
 from .packed import packers
@@ -179,6 +180,27 @@ def _codegen_json(graph: fx.Graph) -> dict[str, Any]:
     return {"kind": "pytree", "orig_args": list(info.orig_args), **specs}
 
 
+def _module_stack_json(node: fx.Node) -> list[list[str]] | None:
+    """The capture's module stack of ``node`` as [path, class name] pairs, outermost first (the report groups
+    nodes by it); None without one, or when a path is one a checkpoint cannot name (torch's
+    ``layers.slice(None, 2, None).0`` of a sliced ModuleList): the loaded node's module is then inferred."""
+    stack = node.meta.get("nn_module_stack")
+    if not isinstance(stack, dict) or not stack:
+        return None
+    out = []
+    for value in stack.values():
+        if not isinstance(value, tuple | list) or len(value) != 2:
+            return None
+        path, cls = value
+        name = (cls if isinstance(cls, str) else getattr(cls, "__qualname__", "")).rpartition(".")[2]
+        out.append([path, name if IDENT.match(name) and len(name) <= MAX_CLASS_NAME_CHARS else ""])
+    try:
+        check_module_stack(out, "")
+    except CheckpointError:
+        return None
+    return out
+
+
 def _node_json(node: fx.Node, gm: fx.GraphModule, tensor_names: set[str]) -> dict[str, Any]:
     """One node as JSON; refuses targets the loader could not resolve."""
     where, target = f"node {node.name!r}", node.target
@@ -198,9 +220,11 @@ def _node_json(node: fx.Node, gm: fx.GraphModule, tensor_names: set[str]) -> dic
     if not all(is_identifier(k) for k in node.kwargs):
         raise CheckpointError(f"{where}: keyword names must be identifiers")
     schema = op_schema(node.target) if node.op == "call_function" else None
+    stack = _module_stack_json(node)
     return {"name": node.name, "op": node.op, "target": target, "args": encode_value(list(node.args), where),
             "kwargs": {k: encode_value(v, where) for k, v in node.kwargs.items()},
-            **({"schema": schema} if schema else {})}  # ops outside aten/prims: checked against the live op
+            **({"schema": schema} if schema else {}),  # ops outside aten/prims: checked against the live op
+            **({"module_stack": stack} if stack else {})}
 
 
 def save_checkpoint(mg: ForgeGraph, path: str | Path, pack: bool = True) -> Path:

@@ -22,7 +22,7 @@ from torch.utils._pytree import TreeSpec
 from . import targets
 from .atomic import loads_json, read_verified
 from .checkpoint_packed import decode_packed
-from .checkpoint_values import Env, check_node_name, check_path, decode_value, join
+from .checkpoint_values import Env, check_module_stack, check_node_name, check_path, decode_value, join
 from .inputs import ExampleInputs
 from .limits import check_graph_size
 from .metadata import SCHEMA_VERSION as METADATA_SCHEMA_VERSION
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 FORMAT = "fxforge-checkpoint"
 CHECKPOINT_SCHEMA_VERSION = 4  # 4: quantized layers' tensors packed (graph/checkpoint_packed); 3: every tensor's
 READABLE_VERSIONS = (1, 2, 3, 4)  # shape and dtype recorded; 2: pytree structure in fxforge's schema; 1: torch
-#                                   treespec JSON (translated)
+#                                   treespec JSON (translated). A node's optional "module_stack" (added within 4)
+#                                   changes no node's meaning, older readers skip it, a node without one loads as
+#                                   before: no new version.
 GRAPH, METADATA, WEIGHTS, INPUTS = "graph.json", "metadata.json", "weights.safetensors", "example_inputs.safetensors"
 OUTPUTS = "reference_outputs.safetensors"  # optional: graph/reference_outputs, checked by `fxforge verify`
 DATA_FILES = (GRAPH, METADATA, WEIGHTS, INPUTS, OUTPUTS)
@@ -258,6 +260,7 @@ def _build_graph(gm: fx.GraphModule, doc: dict[str, Any], version: int) -> fx.Gr
         if not isinstance(op, str) or not isinstance(target, str) or not isinstance(kwargs, dict) \
                 or not all(is_identifier(k) for k in kwargs):
             raise CheckpointError(f"{where}: malformed node (names and keywords must be identifiers)")
+        stack = check_module_stack(entry["module_stack"], where) if "module_stack" in entry else None
         args = decode_value(entry.get("args", []), where, env)
         if not isinstance(args, list):
             raise CheckpointError(f"{where}: args must be a list")
@@ -273,6 +276,9 @@ def _build_graph(gm: fx.GraphModule, doc: dict[str, Any], version: int) -> fx.Gr
         if node.name != name:
             raise CheckpointError(f"{where}: name is taken or reserved (became {node.name!r})")
         env[("node", name)] = node
+        if stack:  # the capture's module stack (report/hierarchy groups by it), with class names as strings
+            node.meta["nn_module_stack"] = {(p if all(p != q for q, _ in stack[:k]) else f"{p}#{k}"): (p, c)
+                                            for k, (p, c) in enumerate(stack)}
     _codegen(graph, doc["codegen"], version)
     return graph
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from .limits import MAX_CLASS_NAME_CHARS, MAX_MODULE_STACK, MAX_STACK_PATH_CHARS
 from .targets import CheckpointError, is_identifier
 
 IDENT = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -36,6 +37,31 @@ def check_node_name(name: Any, where: str) -> str:
         raise CheckpointError(f"{where}: malformed node (names and keywords must be identifiers, not "
                               f"{sorted(_RESERVED_NODE_NAMES)})")
     return name
+
+
+def check_module_stack(stack: Any, where: str) -> list[tuple[str, str]]:
+    """A node's module stack as a checkpoint stores it (outermost first): at most ``MAX_MODULE_STACK``
+    [module path, class name] pairs, each path "" (the model) or one :func:`check_path` accepts of at most
+    ``MAX_STACK_PATH_CHARS`` characters, each class name "" (unknown) or an ASCII identifier of at most
+    ``MAX_CLASS_NAME_CHARS`` characters."""
+    what = f"{where}: module stack"
+    if not isinstance(stack, list) or len(stack) > MAX_MODULE_STACK:
+        raise CheckpointError(f"{what} must be a list of at most {MAX_MODULE_STACK} [path, class name] pairs")
+    out = []
+    for entry in stack:
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise CheckpointError(f"{what} must hold [path, class name] pairs")
+        path, cls = entry
+        if isinstance(path, str) and len(path) > MAX_STACK_PATH_CHARS:
+            raise CheckpointError(f"{what}: a module path of {len(path)} characters (at most "
+                                  f"{MAX_STACK_PATH_CHARS} allowed)")
+        if path != "":  # "": the model itself (torch.export's outermost entry)
+            check_path(path, what)
+        if not isinstance(cls, str) or len(cls) > MAX_CLASS_NAME_CHARS or not (cls == "" or IDENT.match(cls)):
+            raise CheckpointError(f"{what}: a class name must be an identifier of at most {MAX_CLASS_NAME_CHARS} "
+                                  "characters")
+        out.append((path, cls))
+    return out
 
 
 def join(prefix: str, name: str) -> str:

@@ -28,6 +28,9 @@ MAX_ARG_DEPTH = MAX_GUARD_EXPR_DEPTH + 8
 MAX_ARG_ELEMENTS = 1_000_000  # JSON values in all nodes' arguments together
 MAX_MODULES = 50_000  # entries of the module tree (and module aliases)
 MAX_TENSORS = 50_000  # parameters, buffers and constants (and their aliases)
+MAX_MODULE_STACK = 64  # entries of one node's module stack (graph/checkpoint_values.check_module_stack)
+MAX_STACK_PATH_CHARS = 1024  # characters of one module path in a node's module stack
+MAX_CLASS_NAME_CHARS = 128  # characters of one class name in a node's module stack
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ API (reused by the report, notebooks' ``_repr_html_`` and the before/after page)
     h.to_json()                                            # what report/graph_view.py embeds in a page
     module_rows(h)                                         # one ModuleRow per module owning nodes (the table)
 
-A node's module path is the innermost entry of the capture's ``nn_module_stack``; a graph loaded from a
-checkpoint has none, so a ``call_module`` node uses its target, a ``get_attr`` its owner module, and any other
-node the deepest module shared by its neighbours in graph order (the code runs inside the module that ran just
-before and just after it; on a tiny BERT 18 of 102 nodes, all at module boundaries, land one level off the
-capture's path). A module with one node is drawn as that node; a module with no nodes of its own and
+A node's module path is the innermost entry of the capture's ``nn_module_stack``, which checkpoints keep
+(graph/checkpoint.py stores it per node, so a reloaded graph groups as the live one). A node without one (made
+by a transform, or loaded from a checkpoint written before stacks were stored) is placed by inference: a
+``call_module`` node at its target, a ``get_attr`` at its owner module, any other node at the deepest module
+shared by its neighbours in graph order (the code runs inside the module that ran just before and just after
+it; on a tiny BERT, inferring every node put 18 of 102, all at module boundaries, one level off the capture's
+path). A module with one node is drawn as that node; a module with no nodes of its own and
 a single sub-module is merged into it (``encoder.layer``). By default the root and every ancestor of a
 numbered block list (``layer.0``, ``layer.1``...) are open while at most ``max_boxes`` (30) boxes show, so a
 BERT opens on its embeddings, layers, pooler and classifier. Every group carries its nodes' overlay values
@@ -93,7 +95,8 @@ def _common(a: str | None, b: str | None) -> str:
 
 
 def module_paths(mg: ForgeGraph) -> dict[str, str]:
-    """Node name -> module path ("" for the root: inputs, output, top-level code); see the module docstring."""
+    """Node name -> module path ("" for the root: inputs, output, top-level code): the node's module stack
+    (live or restored from a checkpoint), else inferred; see the module docstring."""
     known: dict[str, str | None] = {}
     for node in mg.nodes:
         stack = node.meta.get("nn_module_stack")
@@ -123,8 +126,9 @@ def module_paths(mg: ForgeGraph) -> dict[str, str]:
 
 
 def module_types(mg: ForgeGraph) -> dict[str, str]:
-    """Module path -> class name, from every level of the capture's module stacks (a checkpoint has none: the
-    model's own submodule classes, where they are not the plain containers a GraphModule rebuilds)."""
+    """Module path -> class name, from every level of the module stacks (classes in a capture, class names in a
+    reloaded checkpoint); for paths no stack names, the model's own submodule classes where they are not the
+    plain containers a GraphModule rebuilds."""
     out: dict[str, str] = {}
     for node in mg.nodes:
         for path, typ in (node.meta.get("nn_module_stack") or {}).values():

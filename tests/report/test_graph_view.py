@@ -1,6 +1,7 @@
 """The hierarchical graph view's data on a tiny BERT (no browser): grouping by module path, the default top
 level, per-group layered layouts, overlay values (real quantized widths, sparsity, parameters, sensitivity),
-module paths of a checkpoint, and hostile module / node names kept as data."""
+module paths of a checkpoint (reloaded BERT and zoo GPT show the live view), and hostile module / node names
+kept as data."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from conftest import make_tiny_bert  # noqa: E402
+from conftest import make_gpt, make_tiny_bert  # noqa: E402
 
 QUANT = {"by": "type", "default": {"config": {"name": None}},
          "linear": {"config": {"name": "integer", "data_in_width": 6, "data_in_frac_width": 3,
@@ -141,10 +142,46 @@ def test_checkpoint_keeps_the_module_grouping(quantized: Any, tmp_path: Path) ->
     from fxforge.report.hierarchy import build_hierarchy
 
     quantized.export(tmp_path / "ckpt")
-    h = build_hierarchy(ForgeGraph.from_checkpoint(tmp_path / "ckpt"))  # no nn_module_stack in a checkpoint
+    h = build_hierarchy(ForgeGraph.from_checkpoint(tmp_path / "ckpt"))
     assert h.items[QUERY].path == "bert.encoder.layer.0.attention.self.query"
     assert h.items[QUERY].parent == "g:bert.encoder.layer.0.attention.self"
     assert h.items[QUERY].values["bits"] == 4
+
+
+def view_of(mg: Any) -> dict[str, tuple[str, str | None, str, str, str]]:
+    """Every box of the view: (kind, parent group, module path, label, module class)."""
+    from fxforge.report.hierarchy import build_hierarchy
+
+    h = build_hierarchy(mg)
+    return {i.id: (i.kind, i.parent, i.path, i.label, i.info.get("module", "")) for i in h.items.values()}
+
+
+def assert_reload_keeps_the_view(mg: Any, tmp_path: Path) -> None:
+    """``mg`` reloaded from its checkpoint (and from that graph's own checkpoint) has every node's module path
+    and the same view: the checkpoint keeps the capture's module stacks, so nothing is inferred."""
+    from fxforge import ForgeGraph
+    from fxforge.report.hierarchy import build_hierarchy, module_paths
+
+    loaded = ForgeGraph.from_checkpoint(mg.export(tmp_path / "ckpt"))
+    live_paths, loaded_paths = module_paths(mg), module_paths(loaded)
+    off = {n: (p, loaded_paths[n]) for n, p in live_paths.items() if loaded_paths[n] != p}
+    assert not off, f"{len(off)} of {len(live_paths)} nodes change module: {sorted(off.items())[:5]}"
+    live = view_of(mg)
+    assert view_of(loaded) == live  # same group, parent, label and module class for every node and group
+    assert build_hierarchy(loaded).expanded == build_hierarchy(mg).expanded
+    again = ForgeGraph.from_checkpoint(loaded.export(tmp_path / "again"))  # a reloaded graph saves them again
+    assert view_of(again) == live
+
+
+def test_reloaded_bert_checkpoint_has_the_live_view(quantized: Any, tmp_path: Path) -> None:
+    assert_reload_keeps_the_view(quantized, tmp_path)  # 18 of 102 nodes were one level off when inferred
+
+
+def test_reloaded_gpt_checkpoint_has_the_live_view(tmp_path: Path) -> None:
+    from fxforge import ForgeGraph
+
+    mg = ForgeGraph(make_gpt(), example_inputs=torch.randint(0, 64, (2, 8))).eval()
+    assert_reload_keeps_the_view(mg, tmp_path)  # the fx frontend's stacks: 38 of 141 nodes were off
 
 
 def test_hostile_names_stay_data(quantized: Any) -> None:
