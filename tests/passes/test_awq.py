@@ -177,3 +177,34 @@ def test_refusals_and_skips() -> None:
     # them, by the pass decorator (running split_stages here costs seconds; test_compose runs the pair)
     assert "pipeline-stages" in awq.spec.forbids
     assert set(awq.spec.forbids) == set(get_pass("quantize_transform_pass").spec.forbids)
+
+
+@pytest.mark.slow  # an HF export capture (seconds); the gated-block test covers the same folds unmarked
+def test_scaling_alone_keeps_tiny_llama_outputs_at_two_shapes() -> None:
+    """HF Llama as torch.export captures it: q/k/v and gate/up scales folded into the RMSNorm weights (``weight * x``
+    products), down_proj's into up_proj's rows, o_proj's in a ChannelScale node."""
+    from hf_tiny import hf_inputs, tiny_hf
+
+    model = tiny_hf("llama")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[:2] *= 20.0
+            layer.post_attention_layernorm.weight[:2] *= 20.0
+
+    def inputs(batch: int, seq: int) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in hf_inputs("llama", batch, seq).items() if k != "labels"}
+
+    mg = ForgeGraph(model, hf_input_names=["input_ids", "attention_mask"])
+    out, info = awq(mg, {"config": INT4, "data": [inputs(2, 12)]})
+    for b in (0, 1):
+        block = f"model.layers.{b}"
+        for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+            assert info.scaled_into[f"{block}.{proj}"].startswith(f"{block}.input_layernorm.weight (mul ")
+        assert info.scaled_into[f"{block}.mlp.down_proj"].startswith(f"{block}.mlp.up_proj (Linear rows")
+        assert info.scaled_into[f"{block}.self_attn.o_proj"].endswith("(ChannelScale)")
+    assert all(e["awq"] <= e["rtn"] for e in info.layers.values())
+    _float_view(out)
+    with torch.no_grad():
+        for batch, seq in ((2, 9), (3, 13)):
+            x = inputs(batch, seq)
+            _assert_same(mg(**x).logits, out(**x).logits)
