@@ -37,12 +37,56 @@ def verify(
         raise CliError(f"{ckpt}: verification failed at {failed.name}: {failed.detail}")
 
 
-@app.command()
-def draw(ckpt: Ckpt, out: Annotated[Path, typer.Option("-o", "--out", help="SVG file to write.")]) -> None:
-    """Write an SVG drawing of the checkpoint's graph."""
-    from ..graph.forge_graph import ForgeGraph
+SensData = Annotated[int | None, typer.Option(
+    "--sensitivity-data", help="Measure the 'sensitivity' overlay: sensitivity_analysis_pass on N calibration "
+    "batches made from the checkpoint's example inputs.")]
+SensFile = Annotated[Path | None, typer.Option(
+    "--sensitivity", help="Read the 'sensitivity' overlay from a sensitivity_analysis_pass result JSON "
+    "(info.to_json()).")]
+SensMethod = Annotated[str, typer.Option(
+    "--sensitivity-method", help="With --sensitivity-data: fisher, hessian_trace, sqnr (no labels needed) or loss.")]
+SensBits = Annotated[int, typer.Option(
+    "--sensitivity-bits", help="With --sensitivity-data: the weight width measured.")]
 
-    path = ForgeGraph.from_checkpoint(_checkpoint(ckpt)).draw(out)
+
+@app.command()
+def draw(
+    ckpt: Ckpt,
+    out: Annotated[Path, typer.Option("-o", "--out", help="File to write: .svg, .png or .pdf (rendered by Graphviz's "
+                                      "dot), or .dot / .gv (the DOT text).")],
+    depth: Annotated[str | None, typer.Option(
+        help="Module levels drawn open as clusters: 0, 1, 2..., or 'all' (every node); default: the HTML "
+        "report's top level.")] = None,
+    overlay: Annotated[str | None, typer.Option(
+        help="Colour boxes by one of the report's overlays (bits, sparsity, params, flops, latency_ms, memory, "
+        "sqnr_db, sensitivity), with a legend.")] = None,
+    flat: Annotated[bool, typer.Option(
+        "--flat", help="The dependency-free SVG of every node, ungrouped (no Graphviz needed).")] = False,
+    sensitivity_data: SensData = None, sensitivity: SensFile = None, sensitivity_method: SensMethod = "sqnr",
+    sensitivity_bits: SensBits = 4,
+) -> None:
+    """Draw the checkpoint's graph grouped by module path, as the HTML report does (Graphviz clusters)."""
+    from ..graph.forge_graph import ForgeGraph
+    from ..report.dot import hierarchy_dot, parse_depth
+    from ..report.dot_render import GraphvizMissingError, write_dot
+    from ..report.hierarchy import build_hierarchy
+    from .inspect_cmd import ensure_metadata
+    from .sensitivity_opts import sensitivity_for
+
+    if flat and (depth is not None or overlay is not None or sensitivity_data is not None or sensitivity is not None):
+        raise CliError("--flat draws every node ungrouped and uncoloured: drop --depth, --overlay and --sensitivity*")
+    levels = parse_depth(depth)
+    mg = ForgeGraph.from_checkpoint(_checkpoint(ckpt))
+    if flat:
+        typer.echo(f"wrote {mg.draw(out)}")
+        return
+    mg = ensure_metadata(mg)
+    sens = sensitivity_for(mg, sensitivity_data, sensitivity, sensitivity_method, sensitivity_bits)
+    text = hierarchy_dot(build_hierarchy(mg, sensitivity=sens), depth=levels, overlay=overlay, title=ckpt.name)
+    try:
+        path = write_dot(text, out)
+    except GraphvizMissingError as exc:
+        raise CliError(str(exc)) from None
     typer.echo(f"wrote {path}")
 
 
@@ -61,16 +105,21 @@ def report(
     deploy: Annotated[list[Path] | None, typer.Option(
         "--deploy", help="A deploy directory (fxforge deploy) whose artifact and check to show; repeatable.")]
     = None,
+    sensitivity_data: SensData = None, sensitivity: SensFile = None, sensitivity_method: SensMethod = "sqnr",
+    sensitivity_bits: SensBits = 4,
 ) -> None:
     """Write one self-contained HTML report: drawing, node table, pass history, quantization, search plots,
-    deploy artifacts and their checks."""
+    deploy artifacts and their checks; the "sensitivity" overlay with --sensitivity-data or --sensitivity."""
     from ..deploy import read_manifest
     from ..graph.forge_graph import ForgeGraph
     from ..report import write_report
     from ..report.search_json import load_search_results
     from .deploy_view import report_row
     from .inspect_cmd import ensure_metadata
+    from .sensitivity_opts import sensitivity_for
 
+    if after is not None and (sensitivity_data is not None or sensitivity is not None):
+        raise CliError("--sensitivity-data / --sensitivity colour one graph's report: give one checkpoint")
     if after is not None:
         return _compare(_checkpoint(ckpt), _checkpoint(after), out, accuracy or [])
     if accuracy:
@@ -78,7 +127,9 @@ def report(
     results = None if search is None else load_search_results(search)  # checked field by field, errors name both
     artifacts = [report_row(read_manifest(d), d) for d in deploy or []]  # hostile files, checked before any work
     mg = ensure_metadata(ForgeGraph.from_checkpoint(_checkpoint(ckpt)))
-    path = write_report(mg, out, title=f"fxforge report: {ckpt.name}", search_results=results, deploy=artifacts)
+    sens = sensitivity_for(mg, sensitivity_data, sensitivity, sensitivity_method, sensitivity_bits)
+    path = write_report(mg, out, title=f"fxforge report: {ckpt.name}", search_results=results, deploy=artifacts,
+                        sensitivity=sens)
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
     if results is not None:  # the interactive search page beside it (plotly inlined: ~5 MB, so not in the report)
         from ..report.search_pages import write_search_page

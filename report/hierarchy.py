@@ -238,8 +238,9 @@ def build_hierarchy(mg: ForgeGraph, sensitivity: Any = None, sqnr: Mapping[str, 
         values = node_values(node, root)
         if node.name in sqnr:
             values["sqnr_db"] = float(sqnr[node.name])
-        if node.name in sens:
-            values["sensitivity"] = sens[node.name]
+        key = str(node.target) if node.op == "call_module" and node.name not in sens else node.name
+        if key in sens:  # sensitivity_analysis_pass names a layer by its module path, as selectors do
+            values["sensitivity"] = sens[key]
         label = path[len(g) + 1:] if path != g and g else (path if path != g else node.name)
         items[nid] = ViewItem(nid, "node", label, path, gid[g], values=values, info=_describe(node, root))
         items[gid[g]].children.append(nid)

@@ -61,7 +61,7 @@ def test_inspect_checkpoint_verify_draw_report(checkpoint: tuple[Path, int], tmp
         assert any(line.startswith(check) and " OK " in line for line in proc.stdout.splitlines()), proc.stdout
     assert proc.stdout.strip().endswith("verified")
     svg = tmp_path / "g.svg"
-    assert run_cli("draw", str(path), "-o", str(svg)).returncode == 0
+    assert run_cli("draw", str(path), "-o", str(svg), "--flat").returncode == 0  # grouped: test_draw_report_cmds
     assert svg.read_text().count('<g class="node"') == nodes
     html = tmp_path / "r.html"
     proc = run_cli("report", str(path), "-o", str(html))
