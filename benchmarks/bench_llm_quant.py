@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-reviews", type=int, default=None, help="held-out reviews (default 500; quick 32)")
     p.add_argument("--train-reviews", type=int, default=None, help="MiniLM fine-tune reviews (default 2000; "
                                                                      "quick 64)")
-    p.add_argument("--gpt-steps", type=int, default=None, help="GPT training steps (default 1500; quick 40)")
+    p.add_argument("--gpt-steps", type=int, default=None, help="GPT training steps (default 600; quick 40)")
     p.add_argument("--seed", type=int, default=0)
     return p
 

@@ -51,7 +51,7 @@ def _gpt_args(quick: bool, steps: int | None, seed: int) -> Any:
 
     size = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--sequence_length", "64", "--batch_size", "8",
             "--max_reviews", "400"] if quick else []
-    n = steps if steps is not None else (40 if quick else 1500)
+    n = steps if steps is not None else (40 if quick else 600)
     log = str(max(1, n // 4))
     return build_parser().parse_args([*size, "--steps", str(n), "--warmup_steps", str(max(1, n // 10)),
                                       "--eval_interval", log, "--log_interval", log, "--seed", str(seed)])
