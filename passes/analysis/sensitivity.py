@@ -60,7 +60,7 @@ from .sensitivity_types import METHODS, LayerSensitivity, SensitivityArgs, Sensi
 __all__ = ["sensitivity_analysis_pass", "quantized_weight", "weight_spec"]
 
 PASS = "sensitivity_analysis_pass"
-WEIGHT_OPS = ("linear", "conv1d", "conv2d")  # layers whose weight the quantized twins quantize per output row
+WEIGHT_OPS = ("linear", "conv1d", "conv2d", "embedding")  # weights the quantized twins quantize per output row
 Overrides = dict[str, torch.Tensor]
 
 
