@@ -119,7 +119,8 @@ MASE_NAMES: tuple[MaseName, ...] = (
     _p("verify_metadata_analysis_pass", "verify_metadata_analysis_pass", "same", "both checks, every mismatch",
        short="verify_metadata"),
     _p("plot_graph_analysis_pass", "fxforge draw", "not planned",
-       "drawing is not a pass: `mg.draw(path)` or `fxforge draw` writes an SVG without graphviz"),
+       "drawing is not a pass: `fxforge draw` draws the module hierarchy with Graphviz, `mg.draw(path)` an SVG of "
+       "every node without it"),
     _p("report_parallelization_analysis_pass", "split_stages_transform_pass", "not planned", _DIST),
     _p("autosharding_analysis_pass", "split_stages_transform_pass", "not planned", _DIST),
     # passes/graph/transforms
