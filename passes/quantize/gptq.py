@@ -5,11 +5,14 @@ layer types, quantizers and records (it packs, lowers and checkpoints like any q
 each quantized Linear, H = 2XᵀX/N is accumulated from the layer's real inputs over the calibration batches
 (quantizers off: the float graph's activations; all layers from one run, not layer by layer) and the float
 weight is replaced by its GPTQ rounding on the layer's own grid (``gptq_solver``). The layer re-quantizes
-that weight in its forward and gets it back unchanged.
+that weight in its forward and gets it back unchanged (bit for bit for the block formats).
 
-Supported weight formats: ``integer`` (fixed or ``auto`` fraction width), ``scaled_integer`` (per tensor or
-per channel, symmetric or not) and ``minifloat``. Block formats (``mxint``, ``block_fp``, ``mxfp``) take their
-shared exponent from each block's values; they are refused for now (round-to-nearest: quantize_transform_pass).
+Weight formats: ``integer`` (fixed or ``auto`` fraction width), ``scaled_integer`` (per tensor or per channel,
+symmetric or not) and ``minifloat`` on a grid fixed from the float weight; block formats (``mxint``,
+``block_fp``, ``mxfp``) with each block's shared exponent fixed from the block's current, error-updated
+values when the sweep first reaches one of its columns (with ``act_order``, the first in the permuted order),
+as GPTQ fixes group-wise scales (``gptq_grid``). Blocks run along the inputs GPTQ sweeps (a block is
+``block_size`` consecutive columns); a block along the outputs lies in one column and is fixed with it.
 Functional linears (``F.linear`` after fuse_kernels) are rounded too when their input is quantized (its
 data_in quantizer is where the input is read). Conv layers, layers wrapped by another module (LoRA) and functional
 linears without a data_in quantizer keep round-to-nearest and are listed in ``skipped``.
@@ -29,8 +32,7 @@ from ..base import PassArgsError, forge_pass
 from ..batching import evaluating, iter_batches, run_batch
 from ..contract import NumericalContract, PassInfo
 from .config import QuantizeConfig
-from .fixed import tensor_range
-from .formats import QuantContext
+from .gptq_grid import column_quantizer, weight_grid
 from .gptq_solver import gptq_round, reconstruction_error
 from .modules import QuantizedLinear
 from .quantizer import Quantize
@@ -40,14 +42,13 @@ from .transform import quantize_transform_pass
 
 __all__ = ["gptq_transform_pass", "GptqArgs", "GptqInfo", "column_quantizer"]
 
-_BLOCK_FORMATS = ("mxint", "block_fp", "mxfp")
-
-
 @dataclass(frozen=True)
 class GptqArgs:
-    """config: the MASE quantization config (as for quantize_transform_pass); data: calibration batches (None:
-    the example inputs); num_batches: stop after this many; damp: fraction of mean(diag H) added to the
-    diagonal; block: columns updated together (speed only); act_order: quantize high-energy inputs first."""
+    """config: the MASE quantization config (as for quantize_transform_pass; any weight format, block formats
+    included); data: calibration batches (None: the example inputs); num_batches: stop after this many; damp:
+    fraction of mean(diag H) added to the diagonal; block: columns between two lazy updates (speed only, not
+    the format's block_size); act_order: quantize high-energy inputs first (a format block's exponent is fixed
+    when the first of its columns in that order is reached)."""
 
     config: dict[str, Any] = field(default_factory=dict)
     data: Any = None
@@ -77,46 +78,6 @@ class GptqInfo(PassInfo):
     quantized_nodes: int = 0
 
 
-def column_quantizer(wq: Quantize, weight: torch.Tensor) -> tuple[Any, torch.Tensor]:
-    """(quantize columns on the grid ``wq`` derives from ``weight``, elements that set that grid's scale).
-
-    The scale (per row or per tensor) is fixed from the float weight as round-to-nearest fixes it; the pinned
-    elements (the row's or tensor's max |w|, or its min and max when asymmetric) keep their rounded value so
-    the grid the layer re-derives from the GPTQ weight is the same one.
-    """
-    w = weight.detach().float()
-    ctx: QuantContext = wq._context(w, 0, 1)
-    fmt, params = wq.fmt, wq.params
-    ctx_cols = QuantContext(1, 0, ctx.scale, ctx.zero_point)
-
-    ranged = fmt.scaled or wq.auto_fixed
-    per_row = wq.auto_fixed or wq.per_channel
-    symmetric = wq.auto_fixed or bool(params.get("symmetric", True))
-    lo = hi = None
-    if ranged:  # values past the float weight's rounded range would move the re-derived scale: clamp to it
-        rtn = fmt.quantize(w, params, ctx_cols)
-        lo, hi = tensor_range(rtn, 0 if per_row else None)
-        if symmetric:
-            hi = torch.maximum(lo.abs(), hi.abs())
-            lo = -hi
-        if per_row:
-            lo, hi = lo.unsqueeze(1), hi.unsqueeze(1)
-
-    def quantize(cols: torch.Tensor) -> torch.Tensor:
-        q = fmt.quantize(cols, params, ctx_cols)
-        return q if lo is None or hi is None else torch.minimum(torch.maximum(q, lo), hi)
-
-    pinned = torch.zeros_like(w, dtype=torch.bool)
-    if ranged:
-        picks = [w.abs()] if symmetric else [w, -w]
-        for score in picks:
-            if per_row:
-                pinned[torch.arange(w.shape[0]), score.argmax(dim=1)] = True
-            else:
-                pinned.view(-1)[score.argmax()] = True
-    return quantize, pinned
-
-
 @dataclass(frozen=True)
 class _Target:
     """One linear GPTQ rounds: its float weight, the weight's quantizer, and the module whose call sees its input
@@ -127,12 +88,6 @@ class _Target:
     sees_input: nn.Module
 
 
-def _check_format(wq: Quantize) -> str | None:
-    if wq.fmt.name in _BLOCK_FORMATS:
-        return f"{wq.fmt.name}: block formats are not GPTQ-rounded yet (round-to-nearest kept)"
-    return None
-
-
 def _linear_layers(gm: fx.GraphModule) -> tuple[dict[str, _Target], dict[str, str]]:
     """The quantized linears GPTQ rounds (weight owner's path -> target) and the ones it leaves (path -> why)."""
     chosen: dict[str, _Target] = {}
@@ -141,13 +96,10 @@ def _linear_layers(gm: fx.GraphModule) -> tuple[dict[str, _Target], dict[str, st
         wq = getattr(module, "weight_quantizer", None)
         if not isinstance(wq, Quantize):
             continue
-        why = _check_format(wq) if isinstance(module, QuantizedLinear) else \
-            f"{type(module).__name__}: GPTQ rounds Linear layers only (round-to-nearest kept)"
-        if why is None:
-            assert isinstance(module, QuantizedLinear)
+        if isinstance(module, QuantizedLinear):
             chosen[path] = _Target(module.weight, wq, module)
         else:
-            skipped[path] = why
+            skipped[path] = f"{type(module).__name__}: GPTQ rounds Linear layers only (round-to-nearest kept)"
     for node, rec in quantized_nodes(gm):  # functional linears (fused kernels): F.linear(q_in(x), q_w(W))
         if node.op != "call_function" or rec.op != "linear" or "weight_1" not in rec.quantizers:
             continue
@@ -158,11 +110,9 @@ def _linear_layers(gm: fx.GraphModule) -> tuple[dict[str, _Target], dict[str, st
             skipped[node.name] = "functional linear whose weight is not a parameter (round-to-nearest kept)"
             continue
         owner = str(source.target).rsplit(".", 1)[0]
-        why = _check_format(wq)
-        if why is None and "data_in_0" not in rec.quantizers:
-            why = "functional linear without a data_in quantizer to read its input from (round-to-nearest kept)"
-        if why is not None:
-            skipped[owner] = why
+        if "data_in_0" not in rec.quantizers:
+            skipped[owner] = ("functional linear without a data_in quantizer to read its input from "
+                              "(round-to-nearest kept)")
             continue
         chosen[owner] = _Target(gm.get_parameter(str(source.target)), wq,
                                 gm.get_submodule(rec.quantizers["data_in_0"]))
@@ -213,9 +163,9 @@ def gptq_transform_pass(graph: ForgeGraph, args: GptqArgs) -> tuple[ForgeGraph, 
     graph, qinfo = quantize_transform_pass.apply_inplace(graph, args.config)
     layers, skipped = _linear_layers(graph.model)
     if not layers:
-        raise PassArgsError("gptq_transform_pass: the config quantizes no Linear weight in a GPTQ-supported "
-                            "format (integer, scaled_integer, minifloat); give e.g. {'linear': {'config': "
-                            f"{{'name': 'integer', 'weight_width': 4, 'weight_frac_width': 'auto'}}}}; skipped: "
+        raise PassArgsError("gptq_transform_pass: the config quantizes no Linear weight; give the linears a "
+                            "weight format, e.g. {'linear': {'config': {'name': 'mxint', 'weight_width': 4}}} or "
+                            f"{{'name': 'integer', 'weight_width': 4, 'weight_frac_width': 'auto'}}; skipped: "
                             f"{skipped}")
     hessians, batches = _hessians(graph, layers, args)
     if batches == 0:
@@ -227,9 +177,10 @@ def gptq_transform_pass(graph: ForgeGraph, args: GptqArgs) -> tuple[ForgeGraph, 
             skipped[path] = "no calibration batch reached it (round-to-nearest kept)"
             continue
         w = target.weight.detach()
-        quantize, pinned = column_quantizer(target.quantizer, w)
-        q = gptq_round(w, h, quantize, pinned, damp=args.damp, block=args.block, act_order=args.act_order)
-        rtn = quantize(w.float())
+        grid, groups = weight_grid(target.quantizer, w.shape)
+        q = gptq_round(w, h, grid, groups, damp=args.damp, block=args.block, act_order=args.act_order)
+        with torch.no_grad():
+            rtn = target.quantizer(w)
         report[path] = {"gptq": reconstruction_error(w, q, h), "rtn": reconstruction_error(w, rtn, h)}
         with torch.no_grad():
             target.weight.copy_(q)

@@ -101,12 +101,13 @@ def test_gptq_lower_loss_on_trained_model() -> None:
     assert loss_f < loss_q < loss_r, (loss_f, loss_q, loss_r)
 
 
-def test_gptq_refuses_block_formats_naming_them() -> None:
+def test_gptq_refuses_a_config_without_linear_weights() -> None:
+    """Block formats are GPTQ-rounded (test_gptq_block); a config quantizing only the linears' inputs is refused."""
     net = _mlp(16, 32, 8)
     data = _batches(16)
     g = ForgeGraph(net, data[0])
-    cfg = {"by": "type", "linear": {"config": {"name": "mxint", "weight_width": 4}}}
-    with pytest.raises(PassArgsError, match="mxint: block formats"):
+    cfg = {"by": "type", "linear": {"config": {"name": "mxint", "data_in_width": 4}}}
+    with pytest.raises(PassArgsError, match="quantizes no Linear weight"):
         get_pass("gptq_transform_pass")(g, {"config": cfg, "data": data})
 
 
