@@ -4,6 +4,8 @@ Layered layout: a node's row is the longest path from the inputs (constants and 
 above their first user), rows are ordered by the mean position of each node's inputs, and boxes are
 coloured by MASE node kind and labelled with name, canonical op and, when metadata is present, the
 output shape. Wide graphs give wide pictures; that keeps a ~500-node BERT readable when zoomed.
+``mg.draw`` and ``fxforge draw --flat`` write it; ``fxforge draw``'s default, the report's module hierarchy as
+Graphviz clusters, is report/dot.py's (it needs the report's grouping, which graph/ cannot import).
 """
 
 from __future__ import annotations
