@@ -4,7 +4,8 @@ The top module has ``clk``, ``rst`` (synchronous, active high), ``data_in_0`` / 
 ``data_in_0_ready`` and ``data_out_0`` / ``data_out_0_valid`` / ``data_out_0_ready``, with MASE's parameter
 names (``DATA_IN_0_PRECISION_0`` = width, ``_PRECISION_1`` = fraction width, ``_TENSOR_SIZE_DIM_0``,
 ``_PARALLELISM_DIM_0``). Layers are the library modules of ``hardware/modules``; a value used twice goes
-through a ``stream_fork`` with a FIFO of one vector per branch (so a residual branch never blocks). Weights
+through a ``stream_fork`` with a FIFO of one vector per branch (so a residual branch never blocks); the modules
+they instantiate (the shared handshakes ``stream_join`` / ``stream_sequencer``) are shipped beside them. Weights
 and biases are ``$readmemh`` files beside the sources; ``design.json`` describes the design for the testbench.
 """
 
@@ -27,7 +28,6 @@ MODULE_DIR = Path(__file__).parent / "modules"
 DESIGN_FILE = "design.json"
 _MODULES = {"requant": "fixed_requant", "linear": "fixed_linear", "relu": "fixed_relu", "add": "fixed_add",
             "argmax": "fixed_argmax"}
-_DEPENDS = {"fixed_requant": ("fixed_round_saturate",)}
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,20 @@ class _Top:
             self.connect(ports, f"data_in_{k}", self.inlet[(src, name)], False)
         self.connect(ports, "data_out_0", self.stream(f"s_{_ident(name)}", layer.fmt, layer.parallelism), True)
         self.instance(module, f"u_{_ident(name)}", p, ports)
-        for dep in _DEPENDS.get(module, ()):
-            self.used.add(dep)
+
+
+def _with_submodules(used: set[str]) -> list[str]:
+    """``used`` and every library module their sources instantiate, transitively (the shared handshakes
+    stream_join / stream_sequencer, fixed_round_saturate), sorted: the modules an emitted design ships."""
+    library = {p.stem for p in MODULE_DIR.glob("*.sv")}
+    todo, seen = sorted(used), set[str]()
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            code = re.sub(r"//[^\n]*|/\*.*?\*/", "", (MODULE_DIR / f"{module}.sv").read_text(), flags=re.S)
+            todo += sorted(set(re.findall(r"\b\w+\b", code)) & library - {module})
+    return sorted(seen)
 
 
 def _top_text(top: str, hw: HwGraph, t: _Top) -> str:
@@ -219,7 +231,7 @@ def emit_design(hw: HwGraph, out_dir: str | Path, top: str = "top") -> EmittedDe
     if hw.users(hw.output):
         raise ValueError(f"the output layer {hw.output!r} also feeds other layers")
     sources = []
-    for module in sorted(t.used):
+    for module in _with_submodules(t.used):
         shutil.copyfile(MODULE_DIR / f"{module}.sv", out / f"{module}.sv")
         sources.append(f"{module}.sv")
     (out / f"{top}.sv").write_text(_top_text(top, hw, t))

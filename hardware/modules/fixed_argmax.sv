@@ -1,5 +1,6 @@
 // fixed_argmax: the index of the first largest element of a streamed vector (torch.argmax's tie rule:
-// a later element wins only if strictly larger). Emits one index beat after the vector's last beat.
+// a later element wins only if strictly larger). Emits one index beat after the vector's last beat
+// (the handshake: stream_sequencer).
 `timescale 1ns / 1ps
 module fixed_argmax #(
     parameter int DATA_IN_0_PRECISION_0 = 8,
@@ -24,10 +25,25 @@ module fixed_argmax #(
   logic [BEAT_BITS-1:0] beat;
   logic signed [DATA_IN_0_PRECISION_0-1:0] best, next_best;
   logic [IW-1:0] best_idx, next_idx;
-  logic full;
-
-  assign data_in_0_ready = !full;
-  assign data_out_0_valid = full;
+  logic take;
+  /* verilator lint_off UNUSEDSIGNAL */
+  logic work, block;  // no work cycles, one output block
+  /* verilator lint_on UNUSEDSIGNAL */
+  stream_sequencer #(
+      .BEATS (BEATS),
+      .BLOCKS(1)
+  ) u_handshake (
+      .clk(clk),
+      .rst(rst),
+      .in_valid(data_in_0_valid),
+      .in_ready(data_in_0_ready),
+      .out_valid(data_out_0_valid),
+      .out_ready(data_out_0_ready),
+      .take(take),
+      .work(work),
+      .beat(beat),
+      .block(block)
+  );
   assign data_out_0[0] = best_idx;
 
   // fold this beat's elements into the running maximum, in order
@@ -44,19 +60,11 @@ module fixed_argmax #(
 
   always_ff @(posedge clk) begin
     if (rst) begin
-      beat <= '0;
-      full <= 1'b0;
       best <= '0;
       best_idx <= '0;
-    end else if (full) begin
-      if (data_out_0_ready) full <= 1'b0;
-    end else if (data_in_0_valid) begin
+    end else if (take) begin
       best <= next_best;
       best_idx <= next_idx;
-      if (int'(beat) == BEATS - 1) begin
-        beat <= '0;
-        full <= 1'b1;
-      end else beat <= beat + 1'b1;
     end
   end
 endmodule

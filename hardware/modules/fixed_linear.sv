@@ -5,6 +5,7 @@
 // (DATA_OUT_0_PARALLELISM_DIM_0 * DATA_IN_0_PARALLELISM_DIM_0 multipliers), then one output beat.
 // Weights and bias come from ROMs initialised by $readmemh (WEIGHT_ROM, BIAS_ROM): weight word
 // (block, beat) holds element (j, i) at bits [(j * P_IN + i) * WEIGHT_PRECISION_0 +: WEIGHT_PRECISION_0].
+// The handshake and the beat / block counters: stream_sequencer.
 `timescale 1ns / 1ps
 module fixed_linear #(
     parameter int HAS_BIAS = 1,
@@ -48,14 +49,25 @@ module fixed_linear #(
   logic [P_OUT*P_IN*WW-1:0] weight_rom[BLOCKS*BEATS];
   initial $readmemh(WEIGHT_ROM, weight_rom);
 
-  typedef enum logic [1:0] {
-    COLLECT,
-    COMPUTE,
-    EMIT
-  } state_t;
-  state_t state;
+  logic take, work;
   logic [BEAT_BITS-1:0] beat;
   logic [BLOCK_BITS-1:0] block;
+  stream_sequencer #(
+      .BEATS  (BEATS),
+      .BLOCKS (BLOCKS),
+      .COMPUTE(1)
+  ) u_handshake (
+      .clk(clk),
+      .rst(rst),
+      .in_valid(data_in_0_valid),
+      .in_ready(data_in_0_ready),
+      .out_valid(data_out_0_valid),
+      .out_ready(data_out_0_ready),
+      .take(take),
+      .work(work),
+      .beat(beat),
+      .block(block)
+  );
   logic signed [DW-1:0] buffer[DATA_IN_0_TENSOR_SIZE_DIM_0];
   logic signed [AW-1:0] acc[P_OUT];
   logic signed [AW-1:0] partial[P_OUT];
@@ -63,8 +75,6 @@ module fixed_linear #(
   logic [P_OUT*P_IN*WW-1:0] word;
 
   assign word = weight_rom[int'(block)*BEATS+int'(beat)];
-  assign data_in_0_ready = state == COLLECT;
-  assign data_out_0_valid = state == EMIT;
   for (genvar j = 0; j < P_OUT; j++) begin : g_out
     assign data_out_0[j] = acc[j];
   end
@@ -93,39 +103,11 @@ module fixed_linear #(
     end
   end
 
+  // the buffered input and the accumulators (the sequencer counts beats and blocks)
   always_ff @(posedge clk) begin
-    if (rst) begin
-      state <= COLLECT;
-      beat  <= '0;
-      block <= '0;
-    end else begin
-      case (state)
-        COLLECT:
-        if (data_in_0_valid) begin
-          for (int i = 0; i < P_IN; i++) buffer[int'(beat)*P_IN+i] <= data_in_0[i];
-          if (int'(beat) == BEATS - 1) begin
-            beat  <= '0;
-            state <= COMPUTE;
-          end else beat <= beat + 1'b1;
-        end
-        COMPUTE: begin
-          for (int j = 0; j < P_OUT; j++) acc[j] <= partial[j];
-          if (int'(beat) == BEATS - 1) begin
-            beat  <= '0;
-            state <= EMIT;
-          end else beat <= beat + 1'b1;
-        end
-        default:
-        if (data_out_0_ready) begin
-          if (int'(block) == BLOCKS - 1) begin
-            block <= '0;
-            state <= COLLECT;
-          end else begin
-            block <= block + 1'b1;
-            state <= COMPUTE;
-          end
-        end
-      endcase
+    if (!rst) begin
+      if (take) for (int i = 0; i < P_IN; i++) buffer[int'(beat)*P_IN+i] <= data_in_0[i];
+      if (work) for (int j = 0; j < P_OUT; j++) acc[j] <= partial[j];
     end
   end
 endmodule

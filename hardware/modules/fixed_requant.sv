@@ -1,6 +1,6 @@
 // fixed_requant: each element from fixed point (DATA_IN_0_PRECISION_0, _1) to (DATA_OUT_0_PRECISION_0, _1)
 // (width, fraction width), rounding half to even and saturating, as fxforge's fixed-point quantizer does.
-// Combinational; the valid/ready handshake passes through.
+// Combinational; the valid/ready handshake passes through (stream_join).
 `timescale 1ns / 1ps
 module fixed_requant #(
     parameter int DATA_IN_0_PRECISION_0 = 16,
@@ -20,8 +20,14 @@ module fixed_requant #(
     output logic data_out_0_valid,
     input  logic data_out_0_ready
 );
-  assign data_out_0_valid = data_in_0_valid;
-  assign data_in_0_ready = data_out_0_ready;
+  stream_join #(
+      .N(1)
+  ) u_handshake (
+      .in_valid (data_in_0_valid),
+      .in_ready (data_in_0_ready),
+      .out_valid(data_out_0_valid),
+      .out_ready(data_out_0_ready)
+  );
   for (genvar i = 0; i < DATA_IN_0_PARALLELISM_DIM_0; i++) begin : g_elem
     fixed_round_saturate #(
         .IN_WIDTH (DATA_IN_0_PRECISION_0),

@@ -98,6 +98,25 @@ def test_ffn_block_gets_a_fork_and_fifos(tmp_path: Path) -> None:
     assert "stream_fork.sv" in info.sources
 
 
+@pytest.mark.parametrize("model", ["mlp", "ffn"])
+def test_every_instantiated_module_ships_with_the_design(tmp_path: Path, model: str) -> None:
+    # the layers share their handshake (stream_join, stream_sequencer) and fixed_requant its rounding: a module
+    # instantiated by any emitted source must be defined by one of them, or the design does not build elsewhere
+    g = quantized(MLP(argmax=True) if model == "mlp" else FFNBlock(argmax=True), fixed_config(8, 4))
+    _, info = emit_verilog_transform_pass(g, {"out_dir": str(tmp_path)})
+    assert sorted(p.name for p in tmp_path.glob("*.sv")) == sorted(info.sources)
+    defined, instantiated = set(), set()
+    for name in info.sources:
+        text = (tmp_path / name).read_text()
+        defined |= set(re.findall(r"^module (\w+)", text, re.M))
+        instantiated |= set(re.findall(r"^\s*(\w+) #\($", text, re.M)) - {"module"}
+    assert {"fixed_linear", "fixed_relu", "fixed_requant", "fixed_argmax", "fixed_round_saturate", "stream_join",
+            "stream_sequencer"} <= instantiated <= defined
+    assert defined == {n.removesuffix(".sv") for n in info.sources}  # and nothing more than it uses
+    if model == "ffn":
+        assert {"fixed_add", "stream_fork", "stream_fifo"} <= instantiated
+
+
 def _refusal(graph: ForgeGraph, tmp_path: Path, **args: object) -> str:
     with pytest.raises(PassError) as err:
         emit_verilog_transform_pass(graph, {"out_dir": str(tmp_path), **args})
