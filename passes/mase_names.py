@@ -170,7 +170,8 @@ MASE_NAMES: tuple[MaseName, ...] = (
     _p("run_gptq", "gptq_transform_pass", "different",
        "a graph pass: `{'config': <quantize config>, 'data': batches}`; the same quantized layers as "
        "quantize_transform_pass with GPTQ-rounded Linear weights (integer / scaled_integer / minifloat; "
-       "block formats and convs keep round-to-nearest)"),
+       "mxint / block_fp / mxfp with each block's shared exponent fixed from its error-updated weights when the "
+       "sweep reaches it; convs keep round-to-nearest)"),
     _p("rotate_llama", "rotate_hadamard_transform_pass", "different",
        "residual-stream Hadamard rotation fused into the weights (RMSNorm scales folded first); QuaRot's per-head "
        "online rotations are not done; LayerNorm models refused"),
