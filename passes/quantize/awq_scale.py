@@ -172,7 +172,7 @@ def fold_inverse_scale(rw: GraphRewrite, x: fx.Node, members: Iterable[fx.Node],
     first = min(members, key=lambda n: order[n])
     path = f"{CONTAINER}.{x.name}"
     module = ChannelScale(s.numel())
-    ref = rw.gm.get_submodule(str(first.target)).weight
+    ref = rw.gm.get_parameter(f"{first.target}.weight")
     module.scale = (1.0 / s).to(dtype=ref.dtype, device=ref.device)
     new = rw.call_module(path, module, (x,), before=first)
     for m in members:
