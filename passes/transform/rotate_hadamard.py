@@ -20,12 +20,14 @@ graph fitting neither fused mode (e.g. BERT) is left as it is with the reason in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.fx
 import torch.nn as nn
 
 from ...graph.forge_graph import ForgeGraph
@@ -51,8 +53,10 @@ ONLINE_TARGETS = Selector.parse({"type": "linear"})
 @dataclass(frozen=True)
 class RotateArgs:
     """mode: ``auto`` | ``rmsnorm`` | ``layernorm`` | ``online`` (module docstring); seed: of the random orthogonal
-    matrix used when the hidden size has no Hadamard matrix; targets / exclude: selectors of the linears rotated
-    in ``online`` mode (default every nn.Linear; giving ``targets`` with mode ``auto`` means ``online``)."""
+    matrix used when the hidden size has no Hadamard matrix; targets / exclude: selectors of the linears whose
+    inputs are rotated online: in ``online`` mode (default every nn.Linear; ``targets`` with mode ``auto`` means
+    ``online``), and after a fused mode (as QuaRot rotates down_proj's input: ``{'mode': 'layernorm', 'targets':
+    {'regex': '.*mlp.c_proj'}}``)."""
 
     mode: str = "auto"
     seed: int = 0
@@ -62,15 +66,13 @@ class RotateArgs:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
-        if self.targets is not None and self.mode in ("rmsnorm", "layernorm"):
-            raise ValueError(f"'targets' selects the linears of mode='online'; mode={self.mode!r} rotates the whole "
-                             "residual stream: omit 'targets' or use mode='online'")
         parse_selector_fields(self)
 
 
 @dataclass(frozen=True)
 class RotateInfo(PassInfo):
-    """mode: the mode that ran (``rmsnorm`` | ``layernorm`` | ``online``; empty when the graph was left as it is);
+    """mode: the mode that ran (``rmsnorm`` | ``layernorm`` | ``online``, ``+online`` when a fused mode had targets too;
+    empty when the graph was left as it is);
     rotated: layers whose weights were rotated; hidden: residual width (fused modes); rotation: ``hadamard`` or
     ``random_orthogonal``; blocks: decoder blocks rotated (rmsnorm); folded_norms: norms whose scale (and shift)
     were folded into the following linears; replaced_norms: LayerNorms replaced by unscaled RMSNorm (layernorm);
@@ -180,29 +182,41 @@ def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple
     gm = graph.model
     mode = "online" if args.mode == "auto" and args.targets is not None else args.mode
     if mode == "online":
-        targets = ONLINE_TARGETS if args.targets is None else args.targets
-        rotated, inserted, skipped, untied = rotate_online(gm, targets, args.exclude)
-        if not rotated:
-            raise PassError(f"rotate_hadamard_transform_pass: mode='online' selected no nn.Linear to rotate (targets "
-                            f"{targets!r}, skipped {skipped}); select linears with 'targets'")
-        return graph, RotateInfo(mode="online", rotated=rotated, inserted=inserted, skipped=skipped, untied=untied,
-                                 rotation="hadamard")
+        return graph, _online(gm, args, RotateInfo(mode="online", rotation="hadamard"))
     reasons: list[str] = []
+    fused: RotateInfo | None = None
     if mode in ("auto", "rmsnorm"):
         blocks, why = _llama_blocks(gm)
         if why is None:
-            return graph, _rotate_rmsnorm(gm, blocks, args.seed)
-        reasons.append(f"rmsnorm: {why}")
-    if mode in ("auto", "layernorm"):
+            fused = _rotate_rmsnorm(gm, blocks, args.seed)
+        else:
+            reasons.append(f"rmsnorm: {why}")
+    if fused is None and mode in ("auto", "layernorm"):
         stream = find_pre_ln_stream(gm)
         if not isinstance(stream, str):
             q, kind = rotation_matrix(stream.hidden, args.seed)
             rotated, replaced, untied = rotate_pre_ln(gm, stream, q)
-            return graph, RotateInfo(mode="layernorm", rotated=rotated, hidden=stream.hidden, rotation=kind,
-                                     folded_norms=replaced, replaced_norms=replaced, untied=untied)
-        reasons.append(f"layernorm: {stream}")
+            fused = RotateInfo(mode="layernorm", rotated=rotated, hidden=stream.hidden, rotation=kind,
+                               folded_norms=replaced, replaced_norms=replaced, untied=untied)
+        else:
+            reasons.append(f"layernorm: {stream}")
+    if fused is not None:
+        return graph, fused if args.targets is None else _online(gm, args, fused)
     unsupported = "; ".join(reasons) + ". mode='online' rotates the inputs of any model's linears"
     if mode != "auto":
         raise PassError(f"rotate_hadamard_transform_pass: mode={mode!r} does not fit this graph: {unsupported}")
     _log.warning("rotate_hadamard_transform_pass: graph left as it is: %s", unsupported)
     return graph, RotateInfo(unsupported=unsupported, changed=False)
+
+
+def _online(gm: nn.Module, args: RotateArgs, done: RotateInfo) -> RotateInfo:
+    """Rotate the inputs of the selected linears online, after the fused rotation ``done`` (if any) ran."""
+    assert isinstance(gm, torch.fx.GraphModule)
+    targets = ONLINE_TARGETS if args.targets is None else args.targets
+    rotated, inserted, skipped, untied = rotate_online(gm, targets, args.exclude)
+    if not rotated:
+        raise PassError(f"rotate_hadamard_transform_pass: online rotation selected no nn.Linear (targets {targets!r}, "
+                        f"skipped {skipped}); select linears with 'targets'")
+    mode = "online" if done.mode == "online" else f"{done.mode}+online"
+    return dataclasses.replace(done, mode=mode, rotated=list(dict.fromkeys([*done.rotated, *rotated])),
+                               inserted=inserted, skipped=skipped, untied=done.untied or untied)

@@ -119,3 +119,18 @@ def test_afno_gpt_is_not_a_pre_ln_stream() -> None:
         assert torch.equal(out(idx), g(idx))
     with pytest.raises(PassError, match="mode='layernorm' does not fit this graph: .*'blocks.0.ln1' is read by"):
         get_pass("rotate_hadamard_transform_pass")(g, {"mode": "layernorm"})
+
+
+def test_fused_then_online_down_projection() -> None:
+    """QuaRot's recipe: the stream rotated in the weights, the MLP's wide input rotated online (targets)."""
+    idx = torch.randint(0, 64, (2, 8))
+    g = ForgeGraph(_gpt(False), (idx,))
+    rotated, info = get_pass("rotate_hadamard_transform_pass")(
+        g, {"mode": "layernorm", "targets": {"regex": r".*mlp\.c_proj"}})
+    assert info.mode == "layernorm+online" and info.inserted == ["blocks.0.mlp.c_proj_hadamard",
+                                                                  "blocks.1.mlp.c_proj_hadamard"]
+    assert len(info.rotated) == 10 and len(info.replaced_norms) == 5
+    with torch.no_grad():
+        for shape in SHAPES:
+            x = torch.randint(0, 64, shape)
+            torch.testing.assert_close(rotated(x), g(x), atol=1e-5, rtol=1e-5)

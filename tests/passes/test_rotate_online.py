@@ -12,6 +12,7 @@ from conftest import bert_inputs, make_tiny_bert
 
 from fxforge import ForgeGraph
 from fxforge.passes import PassArgsError, get_pass
+from fxforge.passes.base import PassError
 from fxforge.passes.transform.hadamard import HadamardRotation, hadamard_factors, hadamard_matrix, paley
 
 SHAPES = [(3, 11), (2, 7)]
@@ -59,8 +60,10 @@ def test_rotation_args_are_refused_with_the_reason(bert: ForgeGraph) -> None:
     rotate = get_pass("rotate_hadamard_transform_pass")
     with pytest.raises(PassArgsError, match="mode must be one of"):
         rotate(bert, {"mode": "quarot"})
-    with pytest.raises(PassArgsError, match="'targets' selects the linears of mode='online'"):
+    with pytest.raises(PassError, match="mode='layernorm' does not fit this graph: .*post-LN"):
         rotate(bert, {"mode": "layernorm", "targets": {"type": "linear"}})
+    with pytest.raises(PassError, match="online rotation selected no nn.Linear"):
+        rotate(bert, {"targets": {"type": "embedding"}})
     with pytest.raises(PassArgsError, match="allowed"):
         rotate(bert, {"modes": "online"})
 
