@@ -173,14 +173,19 @@ MASE_NAMES: tuple[MaseName, ...] = (
        "mxint / block_fp / mxfp with each block's shared exponent fixed from its error-updated weights when the "
        "sweep reaches it; convs keep round-to-nearest)"),
     _p("rotate_llama", "rotate_hadamard_transform_pass", "different",
-       "residual-stream Hadamard rotation fused into the weights (RMSNorm scales folded first); QuaRot's per-head "
-       "online rotations are not done; LayerNorm models refused"),
+       "Hadamard rotations, outputs equal in fp32: `{'mode': 'rmsnorm'}` (Llama/Qwen: RMSNorm scales folded, the "
+       "residual stream rotated in the weights), `'layernorm'` (pre-LN models such as GPT-2: the stream made "
+       "mean-free, LayerNorms folded and replaced by unscaled RMSNorm, then rotated), `'online'` (any model, BERT "
+       "too: W·H and x·H at run time for the linears `targets` selects; with a fused mode: QuaRot's down_proj "
+       "rotation), `'auto'` picks a fused mode; QuaRot's per-head rotations are not done"),
     _p("rotate_qwen3", "rotate_hadamard_transform_pass", "different",
        "as rotate_llama (tested on Qwen2-style blocks; Qwen3's per-head q/k norms are left as they are)"),
     _p("fuse_rms_norms", "rotate_hadamard_transform_pass", "different",
-       "folded into the following linears as the first step of the rotation pass, not a pass of its own"),
+       "folded into the following linears as the first step of the rotation pass (LayerNorm gamma and beta too, "
+       "mode 'layernorm'), not a pass of its own"),
     _p("replace_rms_norms", "rotate_hadamard_transform_pass", "different",
-       "the folded RMSNorm scales are set to 1 in place by the rotation pass; no module is replaced"),
+       "the folded RMSNorm scales are set to 1 in place by the rotation pass; LayerNorms (mode 'layernorm') are "
+       "replaced by nn.RMSNorm without a scale (exact: the stream is mean-free)"),
     # hardware and ONNX passes, removed from MASE's main by PR #307 (read at MASE_HARDWARE_COMMIT)
     _p("emit_verilog_top_transform_pass", "emit_verilog_transform_pass", "different",
        "one pass writes the top level, each layer and the weight ROMs (`out_dir`, `top`, `parallelism`)"),
