@@ -187,7 +187,12 @@ def table(result: dict[str, Any], formats: list[str], bits: list[int], methods: 
                              f"{_short(c['error'])}")
                 shown.append(f"not available [{len(notes)}]")
             else:
-                shown.append(f"{c['value']:.4f} ({c['delta']:+.4f})")
+                kept = c.get("notes", {}).get("round_to_nearest_kept", {})
+                if kept:  # measured, but some layers were not rounded by the method: said, not hidden
+                    notes.append(f"[{len(notes) + 1}] {method}, {c['format']} {c['bits']}-bit: {len(kept)} of "
+                                 f"{result['layers']} layers kept round-to-nearest: "
+                                 f"{_short(next(iter(kept.values())))}")
+                shown.append(f"{c['value']:.4f} ({c['delta']:+.4f})" + (f" [{len(notes)}]" if kept else ""))
         lines.append(f"| {method} | " + " | ".join(shown) + " |")
     return "\n".join(lines + ([""] + notes if notes else []))
 
@@ -247,7 +252,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results.append(measure(subject, args.formats, args.bits, args.methods))
     tables = [table(r, args.formats, args.bits, args.methods) for r in results]
     setups = [f"- {r['name']}: {json.dumps(r['setup'], default=str)}; quantized: {r['layers']} linears matching "
-              f"`{r['targets']}`" for r in results]
+              f"`{r['targets']}`; rotation {json.dumps(r['rotate_args'])}: {json.dumps(r['rotation'], default=str)}"
+              for r in results]
     md = "\n".join(["# bench_llm_quant", "", *(f"- {h}" for h in header), *setups, "", "\n\n".join(tables), ""])
     print("\n" + "\n\n".join(tables), flush=True)
     out = {"cpu": cpu, "header": header, "quick": q, "weights_only": True, "formats": FORMATS, "passes": PASSES,
