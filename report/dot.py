@@ -218,11 +218,11 @@ def hierarchy_dot(h: Hierarchy, depth: Depth = None, overlay: str | None = None,
     emit(h.root, "  ")
     seen: set[tuple[str, str]] = set()
     for s, d in h.edges:
-        a, b = rep.get(s), rep.get(d)
-        if a is None or b is None or a == b or (a, b) in seen:
+        src, dst = rep.get(s), rep.get(d)
+        if src is None or dst is None or src == dst or (src, dst) in seen:
             continue
-        seen.add((a, b))
-        lines.append(f"  {ids[a]} -> {ids[b]};")
+        seen.add((src, dst))
+        lines.append(f"  {ids[src]} -> {ids[dst]};")
     if scale is not None:
         lines.extend(_legend(scale))
     lines.append("}")
