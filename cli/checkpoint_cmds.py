@@ -67,7 +67,7 @@ def draw(
 ) -> None:
     """Draw the checkpoint's graph grouped by module path, as the HTML report does (Graphviz clusters)."""
     from ..graph.forge_graph import ForgeGraph
-    from ..report.dot import hierarchy_dot, parse_depth
+    from ..report.dot import find_overlay, hierarchy_dot, parse_depth
     from ..report.dot_render import GraphvizMissingError, write_dot
     from ..report.hierarchy import build_hierarchy
     from .inspect_cmd import ensure_metadata
@@ -76,6 +76,8 @@ def draw(
     if flat and (depth is not None or overlay is not None or sensitivity_data is not None or sensitivity is not None):
         raise CliError("--flat draws every node ungrouped and uncoloured: drop --depth, --overlay and --sensitivity*")
     levels = parse_depth(depth)
+    if overlay is not None:
+        find_overlay(overlay)  # a misspelt name fails before the checkpoint loads
     mg = ForgeGraph.from_checkpoint(_checkpoint(ckpt))
     if flat:
         typer.echo(f"wrote {mg.draw(out)}")

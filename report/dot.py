@@ -19,7 +19,7 @@ from typing import Literal
 from .hierarchy import Hierarchy, ViewItem
 from .overlays import OVERLAYS, Overlay
 
-__all__ = ["ColourScale", "Depth", "dot_string", "hierarchy_dot", "open_groups", "parse_depth"]
+__all__ = ["ColourScale", "Depth", "dot_string", "find_overlay", "hierarchy_dot", "open_groups", "parse_depth"]
 
 Depth = int | Literal["all"] | None
 # The graph view's colours (report/graph_view_js.py): node kinds, module groups, the overlay ramp, "no value".

@@ -101,6 +101,7 @@ def test_draw_depth_overlay_flat_and_the_missing_graphviz_error(ckpt: tuple[Path
     for args, fragment in ((["-o", str(tmp_path / "g.svg")], "apt-get install graphviz"),
                            (["-o", str(dot), "--depth", "deep"], "--depth must be"),
                            (["-o", str(dot), "--overlay", "sensitivity"], "--sensitivity-data"),
+                           (["-o", str(dot), "--overlay", "heat"], "unknown overlay 'heat'"),
                            (["-o", str(flat), "--flat", "--depth", "1"], "--flat")):
         assert main(["draw", str(path), *args]) == 1
         err = capsys.readouterr().err
