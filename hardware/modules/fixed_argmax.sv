@@ -32,18 +32,7 @@ module fixed_argmax #(
   stream_sequencer #(
       .BEATS (BEATS),
       .BLOCKS(1)
-  ) u_handshake (
-      .clk(clk),
-      .rst(rst),
-      .in_valid(data_in_0_valid),
-      .in_ready(data_in_0_ready),
-      .out_valid(data_out_0_valid),
-      .out_ready(data_out_0_ready),
-      .take(take),
-      .work(work),
-      .beat(beat),
-      .block(block)
-  );
+  ) u_handshake (.*);
   assign data_out_0[0] = best_idx;
 
   // fold this beat's elements into the running maximum, in order

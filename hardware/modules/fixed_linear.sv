@@ -56,18 +56,7 @@ module fixed_linear #(
       .BEATS  (BEATS),
       .BLOCKS (BLOCKS),
       .COMPUTE(1)
-  ) u_handshake (
-      .clk(clk),
-      .rst(rst),
-      .in_valid(data_in_0_valid),
-      .in_ready(data_in_0_ready),
-      .out_valid(data_out_0_valid),
-      .out_ready(data_out_0_ready),
-      .take(take),
-      .work(work),
-      .beat(beat),
-      .block(block)
-  );
+  ) u_handshake (.*);
   logic signed [DW-1:0] buffer[DATA_IN_0_TENSOR_SIZE_DIM_0];
   logic signed [AW-1:0] acc[P_OUT];
   logic signed [AW-1:0] partial[P_OUT];
