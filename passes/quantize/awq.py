@@ -10,8 +10,10 @@ the scaled graph with the same config, so the result is an ordinary quantized gr
 checkpoints like one. Every format the quantize pass has works (the search calls the layer's own weight
 quantizer); data_in quantization is not modelled by the search (it sees float inputs).
 
-Not scaled (round-to-nearest, listed in ``skipped``): functional linears, layers wrapped by another module
-(LoRA), a Linear called from several nodes or sharing its weight (tied heads), convs.
+Members (``awq_layers``): nn.Linear, PrunedLinear without activation sparsity, LoRA-wrapped linears (lora_A
+scaled with the base weight) and functional linears over a private weight (after fuse_kernels). Not scaled
+(round-to-nearest, listed in ``skipped``): a linear called from several nodes or sharing a parameter (tied
+heads), other wrappers, convs.
 """
 
 from __future__ import annotations
@@ -28,15 +30,15 @@ from ..base import PassArgsError, forge_pass
 from ..batching import evaluating, iter_batches, run_batch
 from ..contract import NumericalContract, PassInfo
 from ..rewrite import GraphRewrite
-from ..select import node_identity
+from .awq_layers import Member, find_groups
 from .awq_scale import fold_inverse_scale
 from .awq_search import InputStats, search_clip, search_scale
 from .config import QuantizeConfig
-from .modules import QuantizedLinear
-from .quantizer import Quantize
 from .transform import quantize_transform_pass
 
 __all__ = ["awq_transform_pass", "AwqArgs", "AwqInfo"]
+
+_PROBES = "fxforge_awq_probes"  # calibration probes, present only while the statistics are collected
 
 
 @dataclass(frozen=True)
@@ -78,93 +80,44 @@ class AwqInfo(PassInfo):
     quantized_nodes: int = 0
 
 
-@dataclass
-class _Member:
-    path: str
-    node: fx.Node
-    linear: nn.Linear
-    quantizer: Quantize
+class _Recorder(nn.Module):
+    """Adds every tensor it sees to a group's input statistics and returns nothing (a calibration probe)."""
+
+    def __init__(self, stats: InputStats) -> None:
+        super().__init__()
+        self.stats = stats
+
+    def forward(self, x: torch.Tensor) -> None:
+        self.stats.add(x)
 
 
-def _weight_quantizer(config: QuantizeConfig, path: str, module: nn.Module) -> Quantize | None:
-    """The weight quantizer the quantize pass will give this Linear (None when it quantizes no weight)."""
-    _, cfg = config.rule_for(path, "linear", module)
-    spec = cfg.role("weight") if cfg is not None else None
-    if spec is None:
-        return None
-    channel, block = QuantizedLinear.AXES["weight"]
-    return Quantize(spec, "weight", is_param=True, channel_axis=channel, block_axis=block)
-
-
-def _groups(gm: fx.GraphModule, config: QuantizeConfig) -> tuple[dict[fx.Node, list[_Member]], dict[str, str]]:
-    """Linears AWQ scales, grouped by the value they read (in graph order), and quantized linears it leaves."""
-    calls: dict[str, int] = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            calls[str(node.target)] = calls.get(str(node.target), 0) + 1
-    holders: dict[int, int] = {}
-    for _, p in gm.named_parameters(remove_duplicate=False):
-        holders[id(p)] = holders.get(id(p), 0) + 1
-    groups: dict[fx.Node, list[_Member]] = {}
-    skipped: dict[str, str] = {}
-    for node in gm.graph.nodes:
-        if node.op not in ("call_module", "call_function"):
-            continue
-        name, module, op = node_identity(node, gm)
-        wrapped = getattr(type(module), "fxforge_wraps", None) if module is not None else None
-        if wrapped is not None:
-            inner = getattr(module, wrapped)
-            if isinstance(inner, nn.Linear) and _weight_quantizer(config, name, inner) is not None:
-                skipped[name] = f"wrapped by {type(module).__name__}: AWQ scales plain Linear layers " \
-                                "(round-to-nearest kept)"
-            continue
-        if op != "linear":
-            continue
-        if module is None:
-            _, cfg = config.rule_for(name, op, None)
-            if cfg is not None and cfg.role("weight") is not None:
-                skipped[name] = "functional linear: AWQ scales Linear modules (round-to-nearest kept)"
-            continue
-        wq = _weight_quantizer(config, name, module)
-        if wq is None:
-            continue
-        x = node.args[0] if node.args else None
-        why = None
-        if type(module) is not nn.Linear:
-            why = f"{type(module).__name__}: AWQ scales nn.Linear layers (round-to-nearest kept)"
-        elif calls[name] != 1:
-            why = f"called from {calls[name]} nodes: one scale cannot serve them all (round-to-nearest kept)"
-        elif any(holders.get(id(p), 0) != 1 for p in module.parameters()):
-            why = "its weight is shared with another module (tied): scaling it would change that module " \
-                  "(round-to-nearest kept)"
-        elif not isinstance(x, fx.Node) or len(node.args) != 1 or node.kwargs:
-            why = "its input is not a single graph value (round-to-nearest kept)"
-        if why is not None:
-            skipped[name] = why
-            continue
-        assert isinstance(x, fx.Node) and isinstance(module, nn.Linear)
-        groups.setdefault(x, []).append(_Member(name, node, module, wq))
-    return groups, skipped
-
-
-def _collect(graph: ForgeGraph, groups: dict[fx.Node, list[_Member]], args: AwqArgs
+def _collect(graph: ForgeGraph, groups: dict[fx.Node, list[Member]], args: AwqArgs
              ) -> tuple[dict[fx.Node, InputStats], int]:
-    """Each group's input statistics over the calibration batches, from one run of the float graph."""
-    stats = {x: InputStats.empty(members[0].linear.in_features) for x, members in groups.items()}
-    handles = []
-    for x, members in groups.items():
-        def hook(_m: nn.Module, inputs: tuple[Any, ...], x: fx.Node = x) -> None:
-            stats[x].add(inputs[0])
-        handles.append(members[0].linear.register_forward_pre_hook(hook))
+    """Each group's input statistics over the calibration batches, from one run of the float graph.
+
+    A probe node reading the group's input is inserted before its first member for the run and removed after it
+    (the graph is then as it was: no metadata to keep), so functional linears are read like modules."""
+    gm = graph.model
+    stats = {x: InputStats.empty(members[0].weight.shape[1]) for x, members in groups.items()}
+    probes: list[fx.Node] = []
     batches = 0
     try:
-        with evaluating(graph.model):
+        for i, (x, members) in enumerate(groups.items()):
+            path = f"{_PROBES}.g{i}"
+            gm.add_submodule(path, _Recorder(stats[x]))
+            with gm.graph.inserting_before(members[0].node):
+                probes.append(gm.graph.call_module(path, (x,)))
+        gm.recompile()
+        with evaluating(gm):
             for batch in iter_batches(graph, args.data, args.num_batches):
-                run_batch(graph.model, batch)
+                run_batch(gm, batch)
                 batches += 1
     finally:
-        for h in handles:
-            h.remove()
+        for node in probes:
+            gm.graph.erase_node(node)
+        if hasattr(gm, _PROBES):
+            gm.delete_submodule(_PROBES)
+        gm.recompile()
     return stats, batches
 
 
@@ -182,9 +135,9 @@ def awq_transform_pass(graph: ForgeGraph, args: AwqArgs) -> tuple[ForgeGraph, Aw
     except ValueError as exc:
         raise PassArgsError(f"awq_transform_pass: config: {exc}") from None
     gm = graph.model
-    groups, skipped = _groups(gm, config)
+    groups, skipped = find_groups(gm, config)
     if not groups:
-        raise PassArgsError("awq_transform_pass: the config quantizes no nn.Linear weight AWQ can scale; give e.g. "
+        raise PassArgsError("awq_transform_pass: the config quantizes no Linear weight AWQ can scale; give e.g. "
                             "{'linear': {'config': {'name': 'integer', 'weight_width': 4, 'weight_frac_width': "
                             f"'auto'}}}}; skipped: {skipped}")
     stats, batches = _collect(graph, groups, args)
@@ -200,7 +153,7 @@ def awq_transform_pass(graph: ForgeGraph, args: AwqArgs) -> tuple[ForgeGraph, Aw
             if stats[x].rows == 0:
                 skipped.update({m.path: "no calibration batch reached it (round-to-nearest kept)" for m in members})
                 continue
-            weights = [m.linear.weight.detach().clone() for m in members]
+            weights = [m.float_weight() for m in members]
             choice = search_scale(weights, [m.quantizer for m in members], stats[x], args.grid)
             s = choice.scale.to(device=weights[0].device)
             for i, m in enumerate(members):
@@ -208,13 +161,12 @@ def awq_transform_pass(graph: ForgeGraph, args: AwqArgs) -> tuple[ForgeGraph, Aw
                 entry = {"alpha": choice.alpha, "rtn": choice.rtn[i], "awq": choice.awq[i]}
                 if ratios:
                     scaled, entry["awq"] = search_clip(weights[i], scaled, m.quantizer, s, stats[x], ratios)
-                with torch.no_grad():
-                    m.linear.weight.copy_(scaled)
+                m.set_scaled(scaled, s)
                 report[m.path] = entry
             if choice.alpha == 0.0:  # s = 1 exactly: nothing to divide
                 scaled_into.update({m.path: "nothing (alpha 0: round-to-nearest)" for m in members})
                 continue
-            where = fold_inverse_scale(rw, x, [m.node for m in members], s)
+            where = fold_inverse_scale(rw, x, [m.node for m in members], s, like=members[0].weight)
             scaled_into.update({m.path: where for m in members})
     graph, qinfo = quantize_transform_pass.apply_inplace(graph, args.config)
     return graph, AwqInfo(layers=dict(sorted(report.items())), scaled_into=scaled_into, skipped=skipped,

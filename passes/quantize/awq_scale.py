@@ -154,11 +154,13 @@ def _fold(owners: _Owners, x: fx.Node, s: torch.Tensor) -> str | None:
     return None
 
 
-def fold_inverse_scale(rw: GraphRewrite, x: fx.Node, members: Iterable[fx.Node], s: torch.Tensor) -> str:
+def fold_inverse_scale(rw: GraphRewrite, x: fx.Node, members: Iterable[fx.Node], s: torch.Tensor, *,
+                       like: torch.Tensor) -> str:
     """Make every member (a linear whose weight was multiplied by ``diag(s)``) read ``x / s``; where ``1/s`` went.
 
     Folded into ``x``'s producer when the members are all that read ``x``, else a ChannelScale node inserted
-    before the first member. Touched nodes are marked for the rewrite engine's metadata upkeep.
+    before the first member (its scale in ``like``'s dtype and device). Touched nodes are marked for the rewrite
+    engine's metadata upkeep.
     """
     members = list(members)
     s = s.detach().double()
@@ -172,8 +174,7 @@ def fold_inverse_scale(rw: GraphRewrite, x: fx.Node, members: Iterable[fx.Node],
     first = min(members, key=lambda n: order[n])
     path = f"{CONTAINER}.{x.name}"
     module = ChannelScale(s.numel())
-    ref = rw.gm.get_parameter(f"{first.target}.weight")
-    module.scale = (1.0 / s).to(dtype=ref.dtype, device=ref.device)
+    module.scale = (1.0 / s).to(dtype=like.dtype, device=like.device)
     new = rw.call_module(path, module, (x,), before=first)
     for m in members:
         rw.set_arg(m, 0, new)

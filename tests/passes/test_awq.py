@@ -152,6 +152,31 @@ def test_checkpoint_rebuilds_the_scale_nodes(tmp_path: Path) -> None:
     torch.testing.assert_close(loaded(x), aq(x))
 
 
+@pytest.mark.parametrize(("first", "first_args"), [("fuse_kernels_transform_pass", {}),
+                                                   ("insert_lora_adapter_transform_pass", {"rank": 2}),
+                                                   ("prune_transform_pass", {"weight": {"sparsity": 0.3}})],
+                         ids=["functional", "lora", "pruned"])
+def test_scales_functional_lora_and_pruned_linears_exactly(first: str, first_args: dict) -> None:
+    """A functional linear over a parameter (fuse_kernels' Linear + GELU), a LoRA-wrapped linear (lora_A scaled with
+    the base weight, a trained lora_B) and a pruned one (masks kept) are scaled, exactly before quantization."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    data = _outlier_batches(16, n=3)
+    mg, _ = get_pass("add_common_metadata_analysis_pass")(ForgeGraph(net, data[0]))
+    mg, _ = get_pass(first)(mg, first_args)
+    with torch.no_grad():
+        for m in mg.model.modules():
+            if hasattr(m, "lora_B"):
+                m.lora_B.normal_(std=0.05)
+    out, info = awq(mg, {"config": INT4, "data": data})
+    assert set(info.layers) == {"0", "2"} and not info.skipped and info.layers["0"]["alpha"] > 0
+    assert all(e["awq"] < e["rtn"] for e in info.layers.values())
+    _float_view(out)
+    with torch.no_grad():
+        for x in (data[2][0][:5], data[1][0][:9]):
+            _assert_same(mg(x), out(x))
+
+
 class _SharedLinear(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -171,7 +196,7 @@ def test_refusals_and_skips() -> None:
         awq(mg, {"config": {"linear": {"config": {"name": "integer", "weight_widht": 4}}}, "data": data})
     with pytest.raises(PassArgsError, match="alpah"):
         awq(mg, {"config": INT4, "data": data, "alpah": 0.5})
-    with pytest.raises(PassArgsError, match="no nn.Linear weight"):
+    with pytest.raises(PassArgsError, match="no Linear weight"):
         awq(mg, {"config": {"conv2d": INT4["linear"]}, "data": data})
     # split graphs (and quantized / activation-checkpointed ones) are refused as quantize_transform_pass refuses
     # them, by the pass decorator (running split_stages here costs seconds; test_compose runs the pair)
