@@ -3,6 +3,8 @@
     .venv/bin/python -m fxforge.examples.search_joint --trials 24                     # LoRA recipe
     .venv/bin/python -m fxforge.examples.search_joint --recipe distill --trials 12
     .venv/bin/python -m fxforge.examples.search_joint --recipe qat --trials 12
+    .venv/bin/python -m fxforge.examples.search_joint --time-to-target --recipe qat --workers 2 --seed 1 \
+        --prior sensitivity --pruner hyperband --timeout 1800 --run-dir out/ttt-seed1 --base-dir out/minilm-imdb
 
 
 Each trial copies the fine-tuned base graph, prunes FFN units and attention heads (and physically
@@ -16,6 +18,15 @@ the constraint: accuracy drops at most one point. Hand-picked configurations are
 the tutorial's uniform 8 and 4 bits; distill: three pruned 4/6-bit guesses), and the tutorial's pick,
 uniform post-training quantization, is measured beside the search. The feasible Pareto points are
 rebuilt from their parameters and exported as fxforge checkpoints.
+
+``--time-to-target`` searches blind instead (nothing enqueued by hand, no tutorial picks): one objective,
+``target_score`` (examples/search_targets.py: accuracy within a point of fp32 on the held-out reviews, >= 8x
+smaller by packed checkpoint bytes, >= 2x faster timed interleaved with fp32), TPE, optionally the sensitivity
+prior (``--prior sensitivity``: per-layer widths and pruning ratios shaped by one measurement, its allocations
+queued by the prior) and a multi-fidelity pruner over fine-tune rungs (``--pruner hyperband``), ``--workers N``
+processes on the run directory's journal, stopped at ``--timeout`` seconds of wall time after the study is
+created; ``time_to_target.json`` gives each trial's finish time, the targets it met, and the time the first
+trial met all three.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import optuna  # noqa: E402
@@ -52,26 +65,28 @@ WIDTHS = [3, 4, 6, 8]
 RECIPES = ("lora", "distill", "qat")
 
 
-def space(recipe: str = "lora") -> JointSpace:
+def space(recipe: str = "lora", prior: str | None = None) -> JointSpace:
     """``lora``: L1 pruning, LoRA of a sampled rank recovers, fused; ``distill``: taylor pruning (calibrated
     on training reviews), then every weight fine-tuned, distilled from the unpruned base, then MXINT weights;
-    ``qat``: taylor pruning, MXINT weights, then the distilled fine-tune through the quantizers."""
+    ``qat``: taylor pruning, MXINT weights, then the distilled fine-tune through the quantizers. With
+    ``prior="sensitivity"`` the pruning ratios per group and the widths per layer are shaped by the prior."""
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {list(RECIPES)}, got {recipe!r}")
     pruning = PruningSpace([0.0, 0.25, 0.5, 0.75], groups={"ffn": FFN, "heads": HEADS},
                            granularity={"ffn": "ffn", "heads": "head"}, shrink=True,
-                           method="l1" if recipe == "lora" else "taylor", finetune=recipe != "lora")
-    precision = precision_space(qat=recipe == "qat")
+                           method="l1" if recipe == "lora" else "taylor", finetune=recipe != "lora", prior=prior)
+    precision = precision_space(qat=recipe == "qat", prior=prior)
     if recipe != "lora":
         return JointSpace(pruning, precision)
     return JointSpace(pruning, LoRARankSpace([8, 16, 32], targets={"type": ["linear"]},
                                              trainable={"name": ["classifier"]}), precision)
 
 
-def precision_space(qat: bool = False) -> MixedPrecisionSpace:
-    """MXINT widths for the Linear weights and for the embedding tables, one choice per layer type."""
-    return MixedPrecisionSpace({"mxint": {"width": WIDTHS}}, roles=("weight",), per="type",
-                               targets=("linear", "embedding"), qat=qat)
+def precision_space(qat: bool = False, prior: str | None = None) -> MixedPrecisionSpace:
+    """MXINT widths for the Linear weights and for the embedding tables, one choice per layer type (per layer
+    with a prior, which allocates widths layer by layer)."""
+    return MixedPrecisionSpace({"mxint": {"width": WIDTHS}}, roles=("weight",), per="layer" if prior else "type",
+                               targets=("linear", "embedding"), qat=qat, prior=prior)
 
 
 def uniform(width: int, recipe: str = "lora", ffn: float = 0.0, heads: float = 0.0,
@@ -98,19 +113,38 @@ def main(argv: list[str] | None = None) -> int:
                         "fine-tune through the quantizers (qat)")
     p.add_argument("--trial-lr", type=float, default=None,
                    help="learning rate of the trials' fine-tune (default 3e-4 for LoRA, 1e-4 for distill)")
-    p.add_argument("--sampler", default="nsga2")
+    p.add_argument("--sampler", default=None, help="default: nsga2 (tpe with --time-to-target)")
     p.add_argument("--export", type=int, default=3, help="rebuild and export this many smallest feasible points")
     p.add_argument("--export-trials", type=int, nargs="+", default=None,
                    help="rebuild and export these trials instead (e.g. after --resume of a finished search)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--base-dir", default=None, help="where the fine-tuned base is cached (default: --run-dir)")
+    p.add_argument("--time-to-target", action="store_true",
+                   help="search blind for a point meeting the three targets and report when it was found")
+    p.add_argument("--prior", choices=("none", "sensitivity"), default="none")
+    p.add_argument("--pruner", choices=("none", "successive_halving", "hyperband"), default="none",
+                   help="multi-fidelity pruner over --fidelity-steps (one objective: --time-to-target)")
+    p.add_argument("--fidelity-steps", type=int, nargs="+", default=None,
+                   help="fine-tune steps per rung (default with a pruner: 15 45 135)")
+    p.add_argument("--fidelity-samples", type=int, nargs="+", default=None,
+                   help="held-out reviews per rung (default with a pruner: 1/5, 2/5 and all of --eval-size)")
+    p.add_argument("--calibration-size", type=int, default=32,
+                   help="training reviews the sensitivity prior and taylor pruning score on (--time-to-target)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes on the run directory's journal")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: cores / workers)")
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by the launching process
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.time_to_target:
+        return run_to_target(args, list(sys.argv[1:] if argv is None else argv), p)
+    if args.pruner != "none" or args.workers != 1:
+        p.error("--pruner and --workers need --time-to-target (one objective, a journal shared by the workers)")
     run = Path(args.run_dir)
-    base = finetuned_minilm(run, imdb_task(args.train_size, args.eval_size, args.max_length))
+    base = finetuned_minilm(Path(args.base_dir or run), imdb_task(args.train_size, args.eval_size, args.max_length))
     # the trials' short fine-tune: LoRA wants a larger step than the base's full fine-tune
-    lr = args.trial_lr if args.trial_lr is not None else (3e-4 if args.recipe == "lora" else 1e-4)
-    task = imdb_task(args.trial_train_size or args.train_size, args.eval_size, args.max_length, lr=lr)
-    if args.recipe != "lora":  # data by reference: the teacher is the unpruned base, not part of the plan
-        task.train_args.update(teacher=base, distill={"alpha": 0.5, "temperature": 2.0})
+    task = trial_task(args, base)
+    if args.recipe != "lora":
         enqueue = [uniform(4, args.recipe, 0.5, 0.25), uniform(4, args.recipe, 0.75, 0.25),
                    uniform(6, args.recipe, 0.5, 0.5)]
         if args.recipe == "qat":  # session 10's distill run: 8-bit Linear, 4-bit tables met size and speed
@@ -120,10 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         enqueue = [uniform(8), uniform(4)]
     for width in (8, 4):
         tutorial_pick(base, task, width)
-    result = Search(space(args.recipe), ["accuracy", "weight_bits", "latency_ms"], base=base, task=task,
-                    n_trials=args.trials, sampler=args.sampler, constraints=[Constraint("accuracy", max_drop=0.01)],
-                    run_dir=run, study_name=f"joint-{args.recipe}", resume=args.resume, timeout=args.timeout,
-                    enqueue=enqueue).run()
+    prior = None if args.prior == "none" else args.prior
+    result = Search(space(args.recipe, prior), ["accuracy", "weight_bits", "latency_ms"], base=base, task=task,
+                    n_trials=args.trials, sampler=args.sampler or "nsga2", seed=args.seed,
+                    constraints=[Constraint("accuracy", max_drop=0.01)], run_dir=run, study_name=f"joint-{args.recipe}",
+                    resume=args.resume, timeout=args.timeout, enqueue=[] if prior else enqueue).run()
     print(result.table())
     base_acc, fp32_bits, fp32_ms = (result.baseline[k] for k in ("accuracy", "weight_bits", "latency_ms"))
     for row in result.rows(result.completed()):
@@ -147,6 +182,87 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exported: {[str(p) for p in paths]}")
     if paths:
         remeasure(base, task, paths, [t.values[0] for t in chosen])
+    return 0
+
+
+def trial_task(args: argparse.Namespace, base: ForgeGraph) -> TextClassificationTask:
+    """The task the trials fine-tune and are measured with (distilled from the unpruned base but for lora)."""
+    lr = args.trial_lr if args.trial_lr is not None else (3e-4 if args.recipe == "lora" else 1e-4)
+    task = imdb_task(args.trial_train_size or args.train_size, args.eval_size, args.max_length, lr=lr)
+    if args.recipe != "lora":  # data by reference: the teacher is the unpruned base, not part of the plan
+        task.train_args.update(teacher=base, distill={"alpha": 0.5, "temperature": 2.0})
+    return task
+
+
+def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser) -> int:
+    """``--time-to-target``: create the study (sensitivity and baseline measured once), run ``--workers``
+    processes on its journal until ``--timeout`` s after the start, then write time_to_target.json."""
+    from fxforge.examples.search_targets import Reference, Targets, target_objective, time_to_target, write_report
+    from fxforge.examples.search_workers import run_workers
+    from fxforge.search import Fidelity
+    from fxforge.search.priors import apply_prior
+
+    if args.workers < 1 or (args.threads is not None and args.threads < 1):
+        p.error("--workers and --threads must be >= 1")
+    fidelity = None
+    if args.pruner != "none" or args.fidelity_steps or args.fidelity_samples:
+        e = args.eval_size
+        fidelity = Fidelity(steps=tuple(args.fidelity_steps or (15, 45, 135)),
+                            eval_samples=tuple(args.fidelity_samples or (max(1, e // 5), max(2, 2 * e // 5), e)))
+        if fidelity.eval_samples[-1] != e:
+            p.error(f"--fidelity-samples: the last rung measures all --eval-size {e} reviews (the targets' set)")
+    run = Path(args.run_dir)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    worker = args.worker is not None
+    if worker or args.threads:  # a launching process measures the prior and the baseline with every core
+        torch.set_num_threads(threads)  # unless told (on a loaded machine, threads waiting for each other crawl)
+    base = finetuned_minilm(Path(args.base_dir or run), imdb_task(args.train_size, args.eval_size, args.max_length))
+    task = trial_task(args, base)
+    task.calibration_size = args.calibration_size
+    if not worker:
+        start = time.time()  # the clock: the fine-tuned base is given, everything after it counts
+        run.mkdir(parents=True, exist_ok=True)
+        reference = Reference.measure(base, task)
+        reference.write(run)
+        print(f"fp32: accuracy {reference.accuracy:.3f} on {reference.eval_samples} held-out reviews, "
+              f"{reference.weight_bytes:,.0f} weight bytes in its checkpoint")
+    else:
+        reference = Reference.read(run)
+
+    def search(resume: bool, fail_stale: bool, timeout: float | None) -> Search:
+        prior = None if args.prior == "none" else args.prior
+        return Search(space(args.recipe, prior), [target_objective(base, reference)], base=base, task=task,
+                      n_trials=args.trials, sampler=args.sampler or "tpe", seed=args.seed,
+                      pruner=None if args.pruner == "none" else args.pruner, fidelity=fidelity, run_dir=run,
+                      study_name=f"ttt-{args.recipe}", resume=resume, fail_stale=fail_stale, timeout=timeout,
+                      progress=not worker and args.workers == 1)
+
+    if worker:  # Optuna starts no trial after the timeout; the launching process stops one still running
+        search(True, False, max(1.0, args.deadline - time.time())).run()
+        return 0
+    first = search(args.resume, True, None)
+    study = first.open_study()
+    shaped, seeded = apply_prior(first.space.bind(base), study, base, first.task)  # measured once, stored
+    for params in seeded:  # the prior's own allocations (nothing is enqueued by hand)
+        study.enqueue_trial(dict(params), skip_if_exists=True)
+    first.baseline(study)
+    deadline = start + args.timeout
+    setup = time.time() - start
+    print(f"study ready after {setup:.0f} s ({len(seeded)} allocations queued by the prior); "
+          f"{args.workers} worker(s) x {threads} thread(s) until {args.timeout:.0f} s")
+    if args.workers == 1:
+        search(True, False, max(1.0, deadline - time.time())).run()
+    else:
+        codes = run_workers(__spec__.name if __spec__ else "fxforge.examples.search_joint",
+                            [*argv, "--deadline", repr(deadline), "--threads", str(threads)], args.workers, deadline,
+                            run / "workers", threads)
+        print(f"workers' exit codes (None: stopped at the deadline): {codes}")
+    study = search(True, False, None).open_study()  # read it as the workers left it
+    report = time_to_target(study, start, args.timeout, Targets(), seed=args.seed, workers=args.workers,
+                            threads_per_worker=threads, recipe=args.recipe, prior=args.prior, pruner=args.pruner,
+                            fidelity=fidelity.to_json() if fidelity else None, setup_s=setup,
+                            reference=reference.__dict__, wall_s=time.time() - start)
+    write_report(report, run)
     return 0
 
 

@@ -1,0 +1,63 @@
+"""The time-to-target pieces of the joint search example: the target score measures size from the exported
+checkpoint's packed bytes and speed interleaved with fp32, meets a target only on the full held-out set, and
+time_to_target.json holds every trial's finish time and the first one that met all three targets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TinyMLP
+
+from fxforge import ForgeGraph
+from fxforge.examples.search_targets import (
+    SCORE,
+    Reference,
+    Targets,
+    packed_weight_bytes,
+    target_objective,
+    time_to_target,
+    write_report,
+)
+from fxforge.graph.verify import measure_weights
+from fxforge.search import MixedPrecisionSpace, Search, TensorTask
+
+
+def _setup() -> tuple[ForgeGraph, TensorTask]:
+    torch.manual_seed(0)
+    net = TinyMLP().eval()
+    x = torch.randn(64, 8)
+    return ForgeGraph(net, (x[:4],)), TensorTask({"x": x}, net(x).argmax(-1), batch_size=32)
+
+
+def test_score_and_report_of_a_search(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, task = _setup()
+    reference = Reference.measure(base, task)
+    assert reference.eval_samples == 64
+    assert reference.weight_bytes == measure_weights(base.export(tmp_path / "b")).weights
+    targets = Targets(max_drop=0.5, min_size_x=4.0, min_speed_x=0.01)  # 4-bit weights: 4.8x smaller, 8-bit: 3.1x
+    objective = target_objective(base, reference, targets, timing_samples=4, repeats=2)
+    space = MixedPrecisionSpace({"integer": {"width": [4, 8], "frac_width": [3]}}, roles=("weight",))
+    start = 1e9  # any Unix time before the study: finish times are measured from it
+    search = Search(space, [objective], base=base, task=task, n_trials=2, run_dir=tmp_path / "run", progress=False,
+                    enqueue=[{"linear:integer:weight_width": 8}, {"linear:integer:weight_width": 4}])
+    result = search.run()
+    report = time_to_target(result.study, start, timeout=1e12, targets=targets, seed=0)
+    rows = {r["trial"]: r for r in report["trials"]}
+    for n, packed in ((0, False), (1, True)):
+        graph = result.rebuild(result.study.trials[n])
+        stored = measure_weights(graph.export(tmp_path / f"t{n}")).weights
+        assert packed_weight_bytes(graph) == (stored, "packed")
+        assert rows[n]["size_x"] == pytest.approx(reference.weight_bytes / stored)
+        assert rows[n]["met"]["size"] is packed and rows[n]["met"]["speed"] and rows[n]["met"]["accuracy"]
+        assert rows[n]["score"] == pytest.approx(min(result.study.trials[n].user_attrs["fxforge_result"]["notes"]
+                                                     [SCORE]["margins"].values()))
+    assert report["first_trial_meeting_targets"] == 1 and report["time_to_target_s"] == rows[1]["finished_s"] > 0
+    assert time_to_target(result.study, start, timeout=1.0, targets=targets)["time_to_target_s"] is None
+    write_report(report, tmp_path)
+    assert json.loads((tmp_path / "time_to_target.json").read_text())["first_trial_meeting_targets"] == 1
+    assert "time to target:" in capsys.readouterr().out
+    fewer = objective.measure(base, TensorTask({"x": torch.randn(8, 8)}, torch.zeros(8, dtype=torch.long)))
+    assert not any(fewer.notes["met"].values())  # an earlier rung's sample count: nothing is met there
