@@ -174,7 +174,7 @@ def _rotate_rmsnorm(root: nn.Module, blocks: list[str], seed: int) -> RotateInfo
                       folded_norms=folded, untied=untied)
 
 
-@forge_pass("transform", RotateArgs, info=RotateInfo, forbids=("quantized", "pipeline-stages"),
+@forge_pass("transform", RotateArgs, info=RotateInfo, forbids=("quantized", "pipeline-stages", "lora", "pruned"),
             contract=NumericalContract("exact", atol=1e-5, rtol=1e-5,
                                        note="norms folded, stream or linear inputs rotated: the same function"))
 def rotate_hadamard_transform_pass(graph: ForgeGraph, args: RotateArgs) -> tuple[ForgeGraph, RotateInfo]:

@@ -9,8 +9,9 @@ eps), which commutes with an orthogonal Q. Then the stream is carried rotated: e
 writers Qᵀ·W (bias Qᵀ·b). The function is the same, exactly in real arithmetic (fp32: rounding only).
 
 The stream is found from the graph, not from names: every LayerNorm's input must be a sum of embeddings and
-linears (through adds and scalar multiples), read only by LayerNorms and those adds, and every LayerNorm read
-only by linears. Post-LN models (BERT), where the stream is a LayerNorm's output, fail this: mode='online'.
+linears (through adds, scalar multiples, casts and eval dropout), read only by LayerNorms and those adds,
+and every LayerNorm read only by linears. Post-LN models (BERT), whose stream is a LayerNorm's output, fail
+this: mode='online'.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ _aten = torch.ops.aten
 _ADDS = (operator.add, operator.iadd, torch.add, _aten.add.Tensor)
 _MULS = (operator.mul, operator.imul, torch.mul, _aten.mul.Tensor, _aten.mul.Scalar)
 _SHAPE_METHODS = ("size", "dim")
+# value-preserving steps a writer's output may pass on its way into the stream (casts, copies, eval dropout)
+_PASS_METHODS = ("to", "contiguous", "clone", "float", "type_as")
+_PASS_FUNCTIONS = (_aten.to.dtype, _aten.to.dtype_layout, _aten._to_copy.default, _aten.clone.default,
+                   _aten.alias.default, torch.nn.functional.dropout)
+_PASS_MODULES = (nn.Dropout, nn.Identity)
 _SHAPE_FUNCTIONS = (builtins.getattr, _aten.sym_size.int)
 
 
@@ -41,7 +47,7 @@ class PreLNStream:
     hidden: int = 0
     embeds: list[fx.Node] = field(default_factory=list)
     writers: list[fx.Node] = field(default_factory=list)
-    sums: set[fx.Node] = field(default_factory=set)  # the adds / scalar products carrying the stream
+    sums: set[fx.Node] = field(default_factory=set)  # the adds, scalar products and casts carrying the stream
     norms: list[fx.Node] = field(default_factory=list)
     readers: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # norm -> linear nodes reading it
 
@@ -59,6 +65,11 @@ def _shape_only(user: fx.Node) -> bool:
         (user.op == "call_function" and user.target in _SHAPE_FUNCTIONS)
 
 
+def _table(gm: fx.GraphModule, node: fx.Node) -> tuple[nn.Module, str]:
+    """(owner, attribute) of the table an embedding node reads."""
+    return gm.get_submodule(str(node.target)), "weight"
+
+
 class _Finder:
     """Walks back from each LayerNorm's input, collecting the writers of the stream it reads."""
 
@@ -74,6 +85,12 @@ class _Finder:
             self.s.embeds.append(node)
         elif type(module) is nn.Linear:
             self.s.writers.append(node)
+        elif (isinstance(module, _PASS_MODULES) or (node.op == "call_method" and node.target in _PASS_METHODS)
+              or (node.op == "call_function" and node.target in _PASS_FUNCTIONS)) \
+                and node.args and isinstance(node.args[0], fx.Node):
+            if (why := self.writes(node.args[0], norm)) is not None:
+                return why
+            self.s.sums.add(node)
         elif _calls(node, _ADDS, "add") and not node.kwargs and len(node.args) == 2 \
                 and all(isinstance(a, fx.Node) for a in node.args):
             for arg in node.args:
@@ -131,7 +148,7 @@ def find_pre_ln_stream(gm: fx.GraphModule) -> PreLNStream | str:
                 return (f"the residual stream value {node.name!r} is read by {user.name!r}, which is neither a "
                         "LayerNorm nor a residual add: the rotation would reach it unfolded")
     widths = {_module(gm, n).normalized_shape[0] for n in s.norms}  # type: ignore[union-attr]
-    widths |= {_module(gm, n).embedding_dim for n in s.embeds}  # type: ignore[union-attr]
+    widths |= {getattr(*_table(gm, n)).shape[1] for n in s.embeds}
     widths |= {_module(gm, n).out_features for n in s.writers}  # type: ignore[union-attr]
     if len(widths) != 1:
         return f"the residual stream's writers and norms disagree on its width: {sorted(widths)}"
@@ -159,14 +176,15 @@ def rotate_pre_ln(gm: fx.GraphModule, s: PreLNStream, q: torch.Tensor) -> tuple[
     Returns (layers rotated, LayerNorms replaced by RMSNorm, whether a tied weight was untied)."""
     reader_of = {r: n for n, rs in s.readers.items() for r in rs}
     linears = list(dict.fromkeys([*s.writers, *reader_of]))
-    params = [p for n in [*s.embeds, *linears] for p in _module(gm, n).parameters()]  # type: ignore[union-attr]
+    params = [getattr(*_table(gm, n)) for n in s.embeds]
+    params += [p for n in linears for p in _module(gm, n).parameters()]  # type: ignore[union-attr]
     untied = len({id(p) for p in params}) < len(params)
     with GraphRewrite(gm) as rw:
         for node in s.embeds:
-            emb = _module(gm, node)
-            assert isinstance(emb, nn.Embedding)
-            e = emb.weight.double()
-            _new_weight(emb, "weight", (e - e.mean(1, keepdim=True)) @ q, emb.weight)
+            owner, attr = _table(gm, node)
+            table = getattr(owner, attr)
+            e = table.double()
+            _new_weight(owner, attr, (e - e.mean(1, keepdim=True)) @ q, table)
             rw.touch(node)
         for node in linears:
             lin = _module(gm, node)

@@ -35,7 +35,7 @@ def _common(mg: ForgeGraph) -> dict:
     return {n.name: get_meta(n).common.to_json() for n in mg.model.graph.nodes}
 
 
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("bias", [pytest.param(False, marks=pytest.mark.slow), True])  # bias-free: the tests below
 def test_pre_ln_gpt_rotated_keeps_outputs(bias: bool) -> None:
     gen = torch.Generator().manual_seed(3)
     inputs = [torch.randint(0, 64, shape, generator=gen) for shape in SHAPES]
@@ -107,6 +107,7 @@ def test_rotated_gpt_reloads_from_checkpoint(tmp_path: Path) -> None:
         torch.testing.assert_close(loaded(idx), rotated(idx))
 
 
+@pytest.mark.slow  # make test: test_rotation's LayerNorm net is left the same way, cheaper
 def test_afno_gpt_is_not_a_pre_ln_stream() -> None:
     """AFNO's mixer reads the normed stream with no linear to fold into: auto leaves the graph saying so,
     mode='layernorm' refuses."""
@@ -133,4 +134,36 @@ def test_fused_then_online_down_projection() -> None:
     with torch.no_grad():
         for shape in SHAPES:
             x = torch.randint(0, 64, shape)
+            torch.testing.assert_close(rotated(x), g(x), atol=1e-5, rtol=1e-5)
+
+
+class _CastingPreLN(nn.Module):
+    """A pre-LN net whose writers reach the stream through eval dropout and casts, and no biases in the norms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.drop = nn.Embedding(50, 24), nn.Dropout(0.1)
+        self.ln1, self.fc = nn.LayerNorm(24), nn.Linear(24, 24)
+        self.ln2, self.head = nn.LayerNorm(24, elementwise_affine=False), nn.Linear(24, 7)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.drop(self.emb(idx))
+        x = x + self.fc(self.ln1(x)).to(torch.float32).contiguous()
+        return self.head(self.ln2(x))
+
+
+def test_writers_through_casts_and_eval_dropout() -> None:
+    """Width 24 (Paley 12 x Sylvester 2); writers reach the stream through casts and eval dropout."""
+    torch.manual_seed(0)
+    net = _CastingPreLN().eval()
+    with torch.no_grad():
+        net.ln1.weight.uniform_(0.5, 1.5)
+        net.ln1.bias.normal_(0.0, 0.3)
+    idx = torch.randint(0, 50, (3, 5))
+    g = ForgeGraph(net, (idx,))
+    rotated, info = get_pass("rotate_hadamard_transform_pass")(g, {"mode": "layernorm"})
+    assert info.mode == "layernorm" and info.rotation == "hadamard" and info.replaced_norms == ["ln1", "ln2"]
+    assert set(info.rotated) == {"emb", "fc", "head"}
+    with torch.no_grad():
+        for x in (idx, torch.randint(0, 50, (2, 9))):
             torch.testing.assert_close(rotated(x), g(x), atol=1e-5, rtol=1e-5)
