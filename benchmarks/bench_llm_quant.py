@@ -213,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-reviews", type=int, default=None, help="MiniLM fine-tune reviews (default 2000; "
                                                                      "quick 64)")
     p.add_argument("--gpt-steps", type=int, default=None, help="GPT training steps (default 600; quick 40)")
+    p.add_argument("--gpt-tiny", action="store_true", help="the quick run's 2-layer, 64-wide GPT (trained --gpt-steps)")
+    p.add_argument("--max-length", type=int, default=128, help="MiniLM tokens per review")
+    p.add_argument("--finetune-epochs", type=float, default=1.0)
+    p.add_argument("--finetune-lr", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -245,9 +249,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = []
     for which in args.models:
         if which == "gpt":
-            subject = gpt_subject(run, q, calib, sizes["eval_windows"], args.gpt_steps, args.seed)
+            subject = gpt_subject(run, q, calib, sizes["eval_windows"], args.gpt_steps, args.seed, args.gpt_tiny)
         else:
-            subject = minilm_subject(run, q, calib, sizes["eval_reviews"], sizes["train_reviews"])
+            subject = minilm_subject(run, q, calib, sizes["eval_reviews"], sizes["train_reviews"], args.max_length,
+                                     args.finetune_epochs, args.finetune_lr)
         print(f"{subject.name}: {json.dumps(subject.setup, default=str)}", flush=True)
         results.append(measure(subject, args.formats, args.bits, args.methods))
     tables = [table(r, args.formats, args.bits, args.methods) for r in results]

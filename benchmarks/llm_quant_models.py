@@ -46,24 +46,29 @@ class Subject:
     setup: dict[str, Any] = field(default_factory=dict)  # sizes and sources, printed and written to the JSON
 
 
-def _gpt_args(quick: bool, steps: int | None, seed: int) -> Any:
+TINY_GPT = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--sequence_length", "64", "--batch_size", "8"]
+
+
+def _gpt_args(quick: bool, steps: int | None, seed: int, tiny: bool = False) -> Any:
     from ..models.train_gpt import build_parser
 
-    size = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--sequence_length", "64", "--batch_size", "8",
-            "--max_reviews", "400"] if quick else []
+    size = [*TINY_GPT, "--max_reviews", "400"] if quick else TINY_GPT if tiny else []
     n = steps if steps is not None else (40 if quick else 600)
     log = str(max(1, n // 4))
     return build_parser().parse_args([*size, "--steps", str(n), "--warmup_steps", str(max(1, n // 10)),
                                       "--eval_interval", log, "--log_interval", log, "--seed", str(seed)])
 
 
-def trained_gpt(run_dir: Path, quick: bool, steps: int | None = None, seed: int = 0) -> tuple[Any, dict[str, Any]]:
-    """The zoo GPT trained by ``train_gpt`` with the benchmark's settings (cached per setting in ``run_dir``)."""
+def trained_gpt(run_dir: Path, quick: bool, steps: int | None = None, seed: int = 0,
+                tiny: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The zoo GPT trained by ``train_gpt`` with the benchmark's settings (cached per setting in ``run_dir``);
+    ``tiny``: the quick run's 2-layer, 64-wide architecture (trained on all reviews, for ``steps``)."""
     from ..models.gpt import GPT, GPTConfig
     from ..models.train_gpt import train
 
-    args = _gpt_args(quick, steps, seed)
-    tag = f"gpt-L{args.n_layer}-D{args.n_embd}-T{args.sequence_length}-S{args.steps}-seed{seed}.pt"
+    args = _gpt_args(quick, steps, seed, tiny)
+    tag = f"gpt-{'q' if quick else ''}L{args.n_layer}-D{args.n_embd}-T{args.sequence_length}-S{args.steps}" \
+          f"-seed{seed}.pt"  # quick trains on 400 reviews only: its own file
     path = run_dir / tag
     if path.exists():
         saved = torch.load(path, weights_only=False)
@@ -83,13 +88,13 @@ def trained_gpt(run_dir: Path, quick: bool, steps: int | None = None, seed: int 
 
 
 def gpt_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_windows: int, steps: int | None = None,
-                seed: int = 0) -> Subject:
+                seed: int = 0, tiny: bool = False) -> Subject:
     """The trained GPT; perplexity on ``eval_windows`` evenly spread windows of the held-out reviews' text."""
     from ..models.gpt import lm_loss
     from ..models.train_gpt import encode_reviews, get_batch
     from ..reviews import load_reviews
 
-    model, train_info = trained_gpt(run_dir, quick, steps, seed)
+    model, train_info = trained_gpt(run_dir, quick, steps, seed, tiny)
     seq = model.config.sequence_length
     reviews = load_reviews("imdb")
     train_text = encode_reviews([r.text for r in reviews["train"]])
@@ -114,7 +119,8 @@ def gpt_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_windows: int, 
     return Subject("zoo GPT", "val perplexity", False, graph, calib, perplexity, GPT_TARGETS, rotate, setup)
 
 
-def minilm_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_reviews: int, train_reviews: int) -> Subject:
+def minilm_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_reviews: int, train_reviews: int,
+                   max_length: int = 128, epochs: float = 1.0, lr: float = 5e-5) -> Subject:
     """MiniLM fine-tuned on IMDb (tiny BERT trained for a few steps with ``quick``); accuracy on held-out reviews."""
     from ..examples.search_common import HF_NAMES, finetuned_minilm, imdb_task
 
@@ -128,7 +134,7 @@ def minilm_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_reviews: in
         task.train(graph, None, steps=max(1, train_reviews // 16))
         name = "tiny BERT (quick)"
     else:
-        task = imdb_task(train_reviews, eval_reviews)
+        task = imdb_task(train_reviews, eval_reviews, max_length=max_length, epochs=epochs, lr=lr)
         graph = finetuned_minilm(run_dir, task)
         name = "MiniLM"
     calib_batches, _ = task.calibration(graph.model)
