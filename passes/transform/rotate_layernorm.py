@@ -65,9 +65,14 @@ def _shape_only(user: fx.Node) -> bool:
         (user.op == "call_function" and user.target in _SHAPE_FUNCTIONS)
 
 
-def _table(gm: fx.GraphModule, node: fx.Node) -> tuple[nn.Module, str]:
-    """(owner, attribute) of the table an embedding node reads."""
-    return gm.get_submodule(str(node.target)), "weight"
+def _width(module: nn.Module | None) -> int:
+    """The stream width a norm normalises, an embedding writes or a writing linear produces."""
+    if isinstance(module, nn.LayerNorm):
+        return int(module.normalized_shape[0])
+    if isinstance(module, nn.Embedding):
+        return module.embedding_dim
+    assert isinstance(module, nn.Linear)
+    return module.out_features
 
 
 class _Finder:
@@ -147,9 +152,7 @@ def find_pre_ln_stream(gm: fx.GraphModule) -> PreLNStream | str:
             if user not in allowed and not _shape_only(user):
                 return (f"the residual stream value {node.name!r} is read by {user.name!r}, which is neither a "
                         "LayerNorm nor a residual add: the rotation would reach it unfolded")
-    widths = {_module(gm, n).normalized_shape[0] for n in s.norms}  # type: ignore[union-attr]
-    widths |= {getattr(*_table(gm, n)).shape[1] for n in s.embeds}
-    widths |= {_module(gm, n).out_features for n in s.writers}  # type: ignore[union-attr]
+    widths = {_width(_module(gm, n)) for n in [*s.norms, *s.embeds, *s.writers]}
     if len(widths) != 1:
         return f"the residual stream's writers and norms disagree on its width: {sorted(widths)}"
     s.hidden = widths.pop()
@@ -176,15 +179,14 @@ def rotate_pre_ln(gm: fx.GraphModule, s: PreLNStream, q: torch.Tensor) -> tuple[
     Returns (layers rotated, LayerNorms replaced by RMSNorm, whether a tied weight was untied)."""
     reader_of = {r: n for n, rs in s.readers.items() for r in rs}
     linears = list(dict.fromkeys([*s.writers, *reader_of]))
-    params = [getattr(*_table(gm, n)) for n in s.embeds]
-    params += [p for n in linears for p in _module(gm, n).parameters()]  # type: ignore[union-attr]
+    params = [p for n in [*s.embeds, *linears] for p in gm.get_submodule(str(n.target)).parameters()]
     untied = len({id(p) for p in params}) < len(params)
     with GraphRewrite(gm) as rw:
         for node in s.embeds:
-            owner, attr = _table(gm, node)
-            table = getattr(owner, attr)
-            e = table.double()
-            _new_weight(owner, attr, (e - e.mean(1, keepdim=True)) @ q, table)
+            emb = _module(gm, node)
+            assert isinstance(emb, nn.Embedding)
+            e = emb.weight.double()
+            _new_weight(emb, "weight", (e - e.mean(1, keepdim=True)) @ q, emb.weight)
             rw.touch(node)
         for node in linears:
             lin = _module(gm, node)
