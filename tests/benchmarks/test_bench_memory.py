@@ -12,7 +12,7 @@ import pytest
 
 
 def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fxforge.benchmarks.bench_memory import main
+    from fxforge.benchmarks.bench_memory import LORA_MARGIN, TARGETS, main
 
     code = main(["--quick", "--json", str(tmp_path / "r.json")])
     text = capsys.readouterr().out
@@ -37,6 +37,27 @@ def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys
     assert {"PEFT LoRA", "fxforge LoRA"} <= set(lora["peak_bytes"]) | set(lora["failed"])
     for name, why in lora["failed"].items():  # a broken variant is reported, not hidden
         assert f"{name}" in text and "FAILED" in text and why[:40] in text
+    # the LoRA + checkpoint row is planned for a share of PEFT's measured peak, not of its own
+    both = next(k for k in lora["peak_bytes"] if k.startswith("fxforge LoRA + checkpoint"))
+    named = re.fullmatch(r"fxforge LoRA \+ checkpoint ([0-9.]+)x PEFT", both)
+    assert named is not None
+    share = float(named.group(1))
+    assert share >= TARGETS["lora_memory"] * (1 - LORA_MARGIN)
+    assert abs(lora["plan"]["budget_bytes"] - share * lora["peak_bytes"]["PEFT LoRA"]) <= 1
+    assert lora["plan"]["planned_peak_bytes"] <= lora["plan"]["budget_bytes"]
     checks = res["checks"]
     assert len(re.findall(r"^(met   |MISSED) ", text, re.M)) == len(checks) >= 12
     assert code == (0 if all(checks.values()) else 1)
+
+
+@pytest.mark.parametrize("only", ["classifier", "gpt", "lora"])
+def test_only_runs_that_section(only: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--only runs one section (the LoRA rows alone re-run in a minute); no model is timed here."""
+    from fxforge.benchmarks import bench_memory
+
+    ran: list[str] = []
+    monkeypatch.setattr(bench_memory, "bench_model", lambda model, inputs, label, *rest: ran.append(
+        "gpt" if "GPT" in label else "classifier"))
+    monkeypatch.setattr(bench_memory, "bench_lora", lambda *a: ran.append("lora"))
+    assert bench_memory.main(["--quick", "--only", only]) == 1  # no check ran: not a pass
+    assert ran == [only]
