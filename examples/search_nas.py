@@ -1,7 +1,12 @@
 """MASE tutorial 5, as a library call: NAS over a small BERT's real config fields on IMDb.
 
-    .venv/bin/python -m fxforge.examples.search_nas --trials 12
+    .venv/bin/python -m fxforge.examples.search_nas --space tutorial --trials 20     # tutorial 5's space, TPE
+    .venv/bin/python -m fxforge.examples.search_nas --trials 12                      # a smaller space
     (smoke test: --trials 2 --train-size 32 --eval-size 16 --max-length 16 --epochs 1 --sizes 16 --ffn-sizes 32)
+
+``--space tutorial`` searches tutorial 5's choices (layers 2/4/8, heads 2/4/8/16, hidden 128-512, FFN
+512-2048); the result is printed beside tutorial 5's reference, bert-tiny (2 layers, hidden 128, 2 heads,
+FFN 512) at 0.860 accuracy, with the best architecture's parameter count.
 
 Each trial builds a fresh BertForSequenceClassification from the sampled configuration (fields by
 their real names: ``num_hidden_layers``, ``num_attention_heads``, ``hidden_size``,
@@ -19,8 +24,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from fxforge import ForgeGraph  # noqa: E402
 from fxforge.examples.search_common import HF_NAMES  # noqa: E402
 from fxforge.search import NASSpace, Search, TextClassificationTask  # noqa: E402
+
+# tutorial 5's search space (the logbook's), by the real BertConfig field names
+TUTORIAL = {"num_hidden_layers": [2, 4, 8], "num_attention_heads": [2, 4, 8, 16],
+            "hidden_size": [128, 192, 256, 384, 512], "intermediate_size": [512, 768, 1024, 1536, 2048]}
+BERT_TINY = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 128, "intermediate_size": 512}
+REFERENCE_ACCURACY = 0.860  # bert-tiny, tutorial 5's reference point as issue 30 quotes it from the logbook
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,24 +45,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-every", type=int, default=30, help="steps between accuracies fed to the pruner")
     p.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 192], help="hidden sizes to choose from")
     p.add_argument("--ffn-sizes", type=int, nargs="+", default=[128, 256, 512], help="FFN sizes to choose from")
+    p.add_argument("--space", choices=("small", "tutorial"), default="small",
+                   help="tutorial: tutorial 5's choices (--sizes and --ffn-sizes ignored)")
+    p.add_argument("--sampler", default="tpe")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-dir", default="out/search-nas")
     p.add_argument("--resume", action="store_true")
     args = p.parse_args(argv)
-    space = NASSpace("BertConfig", {"num_hidden_layers": [1, 2, 4], "num_attention_heads": [2, 4, 8],
-                                    "hidden_size": args.sizes, "intermediate_size": args.ffn_sizes},
+    fields = dict(TUTORIAL) if args.space == "tutorial" else {
+        "num_hidden_layers": [1, 2, 4], "num_attention_heads": [2, 4, 8], "hidden_size": args.sizes,
+        "intermediate_size": args.ffn_sizes}
+    space = NASSpace("BertConfig", fields,
                      base={"vocab_size": 30522, "max_position_embeddings": args.max_length, "num_labels": 2})
     task = TextClassificationTask("imdb", train_size=args.train_size, eval_size=args.eval_size,
                                   max_length=args.max_length,
                                   train_args={"num_train_epochs": args.epochs, "learning_rate": 5e-4,
                                               "per_device_train_batch_size": 32}, report_every=args.report_every)
     run = Path(args.run_dir)
-    result = Search(space, ["accuracy"], task=task, n_trials=args.trials, sampler="tpe", pruner="median",
-                    capture={"hf_input_names": HF_NAMES}, run_dir=run, study_name="nas", resume=args.resume).run()
+    result = Search(space, ["accuracy"], task=task, n_trials=args.trials, sampler=args.sampler, pruner="median",
+                    seed=args.seed, capture={"hf_input_names": HF_NAMES}, run_dir=run,
+                    study_name="nas" if args.space == "small" else "nas-tutorial", resume=args.resume).run()
     print(result.table())
     best = result.study.best_trial
     print(f"best configuration {best.params}: accuracy {best.value:.3f}")
     result.plots(run / "plots")
-    print(f"exported: {result.export(run / 'best', [best])[0]}")
+    path = result.export(run / "best", [best])[0]
+    print(f"exported: {path}")
+    params = sum(p.numel() for p in ForgeGraph.from_checkpoint(path).model.parameters())
+    print(f"best architecture: {params:,} parameters, accuracy {best.value:.3f} on {args.eval_size} held-out reviews; "
+          f"reference (tutorial 5): bert-tiny {BERT_TINY} at {REFERENCE_ACCURACY:.3f} "
+          f"({100 * (best.value - REFERENCE_ACCURACY):+.1f} points)")
     return 0
 
 

@@ -7,8 +7,10 @@ weights at least ``min_size_x`` smaller by the packed checkpoint's measured byte
 a trial cannot be exported, said in its notes), and at least ``min_speed_x`` faster than fp32, timed interleaved
 with it (the trial as shipped: lowered to real kernels where a lowering applies). Each target is a margin, >= 0
 when met: accuracy in units of ``max_drop`` above the bound, size and speed as log2 of the ratio over the target.
-The score is the smallest margin, so a trial meets every target exactly when its score is >= 0, and one number
-lets Optuna's Hyperband pruner compare trials at every rung (several objectives cannot be pruned).
+The score (:func:`score_of`) sums the shortfalls, so every missed target moves it (the smallest margin alone hid
+size and speed while accuracy was the worst), plus a tenth of the smallest margin once all are met: a trial meets
+every target exactly when its score is >= 0, and one number lets Optuna's Hyperband pruner compare trials at
+every rung (several objectives cannot be pruned).
 """
 
 from __future__ import annotations
@@ -113,6 +115,13 @@ def speedup(base: ForgeGraph, graph: ForgeGraph, task: Task, samples: int, repea
     return t.pair_ratio("fp32", "trial"), str(notes["timed"])
 
 
+def score_of(margins: dict[str, float]) -> float:
+    """The sum of the negative margins, plus a tenth of the smallest margin when none is negative (>= 0 exactly
+    when every target is met)."""
+    short = sum(min(m, 0.0) for m in margins.values())
+    return short + 0.1 * min(margins.values()) if short == 0 else short
+
+
 def _structure(graph: ForgeGraph) -> tuple[Any, ...]:
     """What size and speed depend on (layer types, shapes, formats), not the trained values: a trial's rungs
     and trials of the same structure share one measurement."""
@@ -150,7 +159,7 @@ def target_objective(base: ForgeGraph, reference: Reference | None, targets: Tar
                    "speed": math.log2(m["speed_x"] / targets.min_speed_x)}
         full = samples == r.eval_samples
         met = {k: full and v >= 0 for k, v in margins.items()}
-        return Measurement(min(margins.values()), {
+        return Measurement(score_of(margins), {
             **m, "accuracy": acc, "eval_samples": samples, "fp32_accuracy": r.accuracy,
             "drop_points": 100 * (r.accuracy - acc), "margins": margins, "met": met, "all_met": all(met.values())})
 

@@ -34,6 +34,9 @@ def test_search_nas_example_builds_trains_and_exports_the_best_configuration(
     assert len(layers) == params["num_hidden_layers"]
     assert names["bert.encoder.layer.0.attention.self.query"].out_features == 16
     assert names["classifier"].out_features == 2
+    count = re.search(r"best architecture: ([0-9,]+) parameters, accuracy ([0-9.]+) .* bert-tiny .* at 0\.860", out)
+    assert count and int(count.group(1).replace(",", "")) == sum(p.numel() for p in best.model.parameters())
+    assert count.group(2) == found.group(2)
     assert any(p.suffix == ".html" for p in (run / "plots").iterdir())
     ids = torch.randint(0, 30522, (2, 16))
     with torch.no_grad():
