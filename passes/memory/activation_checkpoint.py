@@ -6,8 +6,9 @@ bytes autograd saves for backward and the result storages (the liveness analysis
 (Chen et al.'s sublinear-memory segments, Checkmate-style costs) picks contiguous segments to recompute:
 for each cap on one segment's internal saved bytes and each price of recompute time, it minimises kept bytes
 (saved tensors outside segments + boundary inputs of segments) + price x recomputed cost; the cheapest plan
-whose estimated peak (kept + the largest segment + a gradient in flight) fits the budget wins. A budget
-below the smallest peak any plan reaches is refused with that figure.
+whose estimated peak (kept + the largest segment + a gradient in flight) fits the budget wins, less the
+segments the budget does not need. A budget below the smallest peak any plan reaches is refused with that
+figure.
 
 How it rewrites: each segment becomes a :class:`CheckpointRegion` (passes/memory/checkpoint_region.py) called
 once from the graph; it runs ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False,

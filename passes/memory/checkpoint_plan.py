@@ -15,7 +15,8 @@ where transient = 2 x the largest activation (a gradient in flight beside its in
 largest segment and a price lambda per unit of recompute cost, a dynamic program over the topological order
 (f[i] = min over "keep node i" / "segment j..i" of kept bytes + lambda * recomputed cost) finds the best
 segmentation; sweeping L and lambda (a grid, then bisection of lambda at the budget's edge for each L) gives a
-set of plans, and the cheapest whose peak fits the budget wins.
+set of plans, and the cheapest whose peak fits the budget wins; then its segments the budget does not need are
+dropped, costliest first (identical layers cost the same, so a price alone takes them all or none).
 The smallest peak over the sweep (lambda -> 0) is the smallest reachable figure.
 """
 
@@ -33,7 +34,7 @@ from ...graph.metadata import get_meta, has_meta
 from ..analysis.liveness import _Runner
 from ..analysis.profile import FlopsPerNode, ProfileRecord
 
-__all__ = ["GraphCosts", "Plan", "graph_costs", "plan_checkpoints"]
+__all__ = ["GraphCosts", "Plan", "graph_costs", "plan_checkpoints", "plan_of"]
 
 _MUTATING_FUNCTIONS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
                                  operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul, operator.iand,
@@ -214,6 +215,17 @@ def _solve(c: GraphCosts, cap: int, lam: float) -> Plan:
     return Plan(tuple(reversed(segments)), mem[n] + top[n] + c.transient, work[n])
 
 
+def plan_of(c: GraphCosts, segments: tuple[tuple[int, int], ...]) -> Plan:
+    """Any set of candidate segments (disjoint, in order, each an (first, last) pair spans offers) priced by the
+    planner's memory model: kept bytes + the largest segment's internal bytes + the transient."""
+    kept, top, work = sum(c.saved), 0, 0.0
+    for a, b in segments:
+        inside, in_bytes, w = next((i, s, w) for j, i, s, w in c.spans[b] if j == a)
+        kept += in_bytes - inside
+        top, work = max(top, inside), work + w
+    return Plan(segments, kept + top + c.transient, work)
+
+
 def plan_checkpoints(c: GraphCosts, budget: int | None) -> tuple[Plan | None, int]:
     """The cheapest plan whose peak is within ``budget`` bytes (None if none is), and the smallest peak reached."""
     sizes = sorted({inside for span in c.spans for _, inside, _, _ in span if inside > 0})
@@ -236,4 +248,18 @@ def plan_checkpoints(c: GraphCosts, budget: int | None) -> tuple[Plan | None, in
                 lo, hi = ((lo + hi) / 2, hi) if plan.peak <= (budget or 0) else (lo, (lo + hi) / 2)
     smallest = min(p.peak for p in plans)
     fits = [p for p in plans if budget is not None and p.peak <= budget]
-    return (min(fits, key=lambda p: (p.cost, p.peak)) if fits else None), smallest
+    if not fits or budget is None:
+        return None, smallest
+    return _trim(c, min(fits, key=lambda p: (p.cost, p.peak)), budget), smallest
+
+
+def _trim(c: GraphCosts, plan: Plan, budget: int) -> Plan:
+    """Drop segments the budget does not need, costliest first. A price on recomputation takes equally priced
+    segments (a model's identical layers) all or none, so the swept plan may save more than the budget asks."""
+    while plan.segments:
+        fewer = [plan_of(c, plan.segments[:k] + plan.segments[k + 1:]) for k in range(len(plan.segments))]
+        fitting = [p for p in fewer if p.peak <= budget]
+        if not fitting:
+            return plan
+        plan = min(fitting, key=lambda p: (p.cost, p.peak))
+    return plan

@@ -19,6 +19,7 @@ from fxforge.passes import PassArgsError, PassError
 from fxforge.passes.analysis.step_memory import measured_step_bytes
 from fxforge.passes.memory import activation_checkpoint_transform_pass
 from fxforge.passes.memory.activation_checkpoint import MB, checkpoint_regions
+from fxforge.passes.memory.checkpoint_plan import graph_costs, plan_checkpoints, plan_of
 from fxforge.passes.propagate import flat_inputs
 
 BERT_SHAPES = [bert_inputs(batch=3, seq=11), bert_inputs(batch=2, seq=7)]
@@ -178,3 +179,19 @@ def test_batch_norm_stays_out_of_segments() -> None:
     _step(mg, {"input": x}, seed=0)
     _step(out, {"input": x}, seed=0)
     assert torch.equal(out.model.get_submodule("1").running_mean, mg.model.get_submodule("1").running_mean)
+
+
+def test_no_segment_of_the_plan_could_be_dropped() -> None:
+    """Least recomputation: at budgets between the smallest reachable peak and the baseline, the chosen plan keeps
+    no segment it could do without (dropping any one would exceed the budget). A GPT's identical blocks cost the
+    same, so a price on recomputation alone takes all of them or none; the budget may need only some."""
+    mg, shapes = _gpt("attn")()
+    costs = graph_costs(mg.model, flat_inputs(mg.model, ExampleInputs.coerce(shapes[1])))
+    smallest = plan_checkpoints(costs, None)[1]
+    for k in range(1, 10):
+        budget = smallest + (costs.baseline_peak - smallest) * k // 10
+        plan, _ = plan_checkpoints(costs, budget)
+        assert plan is not None and plan.peak <= budget and plan_of(costs, plan.segments) == plan
+        for s in range(len(plan.segments)):
+            fewer = plan_of(costs, plan.segments[:s] + plan.segments[s + 1:])
+            assert fewer.peak > budget, (k, plan, fewer)
