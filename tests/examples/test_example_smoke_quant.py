@@ -46,3 +46,18 @@ def test_search_mixed_precision_example_searches_and_exports(tmp_path: Path,
     assert (run / "pareto.csv").is_file() and json.loads((run / "pareto.json").read_text())["front"]
     best = ForgeGraph.from_checkpoint(next((run / "best").iterdir()))
     assert any(r.name == "quantize_transform_pass" for r in best.history)
+
+
+@pytest.mark.slow  # MiniLM fine-tuned on 16 reviews, its sensitivity measured, two trials
+def test_search_mixed_precision_tutorial6_with_the_prior(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Tutorial 6's pairs with the sensitivity prior: the uniform 16- and 8-bit rows, and the search's front
+    compared with both."""
+    from fxforge.examples.search_mixed_precision import main
+
+    run = tmp_path / "mp6"
+    assert main(["--choices", "tutorial6", "--prior", "sensitivity", "--trials", "2", "--train-size", "16",
+                 "--eval-size", "16", "--max-length", "16", "--calibration-size", "8", "--run-dir", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"integer 16/8 everywhere: accuracy [0-9.]+", text) and "integer 8/4 everywhere" in text
+    assert re.search(r"uniform 8-bit accuracy [0-9.]+ at [0-9.]+ avg weight bits, uniform 16-bit accuracy", text)
+    assert re.search(r"trial \d+: accuracy [0-9.]+ at [0-9.]+ bits; .* vs uniform 16-bit", text), text
