@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="training reviews the sensitivity prior and taylor pruning score on (--time-to-target)")
     p.add_argument("--workers", type=int, default=1, help="worker processes on the run directory's journal")
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: cores / workers)")
+    p.add_argument("--stop-at-target", action="store_true",
+                   help="end the run when a trial meets all three targets (--time-to-target)")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # set by the launching process
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -197,10 +199,19 @@ def trial_task(args: argparse.Namespace, base: ForgeGraph) -> TextClassification
 def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser) -> int:
     """``--time-to-target``: create the study (sensitivity and baseline measured once), run ``--workers``
     processes on its journal until ``--timeout`` s after the start, then write time_to_target.json."""
-    from fxforge.examples.search_targets import Reference, Targets, target_objective, time_to_target, write_report
+    from fxforge.examples.search_targets import (
+        SCORE,
+        Reference,
+        Targets,
+        target_objective,
+        time_to_target,
+        write_report,
+    )
     from fxforge.examples.search_workers import run_workers
-    from fxforge.search import Fidelity
+    from fxforge.search import Fidelity, StorageSpec
     from fxforge.search.priors import apply_prior
+    from fxforge.search.runner import trial_result
+    from fxforge.search.storage import open_storage
 
     if args.workers < 1 or (args.threads is not None and args.threads < 1):
         p.error("--workers and --threads must be >= 1")
@@ -229,13 +240,22 @@ def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.Argumen
     else:
         reference = Reference.read(run)
 
+    def met(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:  # --stop-at-target, one process
+        if args.stop_at_target and trial_result(trial).get("notes", {}).get(SCORE, {}).get("all_met"):
+            study.stop()
+
+    def any_met() -> bool:  # --stop-at-target, several processes: read the journal as it is now
+        study = optuna.load_study(study_name=f"ttt-{args.recipe}", storage=open_storage(StorageSpec(), run))
+        return any(trial_result(t).get("notes", {}).get(SCORE, {}).get("all_met") for t in study.get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
     def search(resume: bool, fail_stale: bool, timeout: float | None) -> Search:
         prior = None if args.prior == "none" else args.prior
         return Search(space(args.recipe, prior), [target_objective(base, reference)], base=base, task=task,
                       n_trials=args.trials, sampler=args.sampler or "tpe", seed=args.seed,
                       pruner=None if args.pruner == "none" else args.pruner, fidelity=fidelity, run_dir=run,
                       study_name=f"ttt-{args.recipe}", resume=resume, fail_stale=fail_stale, timeout=timeout,
-                      progress=not worker and args.workers == 1)
+                      progress=not worker and args.workers == 1, on_trial=met)
 
     if worker:  # Optuna starts no trial after the timeout; the launching process stops one still running
         search(True, False, max(1.0, args.deadline - time.time())).run()
@@ -255,7 +275,7 @@ def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.Argumen
     else:
         codes = run_workers(__spec__.name if __spec__ else "fxforge.examples.search_joint",
                             [*argv, "--deadline", repr(deadline), "--threads", str(threads)], args.workers, deadline,
-                            run / "workers", threads)
+                            run / "workers", threads, done=any_met if args.stop_at_target else None)
         print(f"workers' exit codes (None: stopped at the deadline): {codes}")
     study = search(True, False, None).open_study()  # read it as the workers left it
     report = time_to_target(study, start, args.timeout, Targets(), seed=args.seed, workers=args.workers,

@@ -88,3 +88,21 @@ def test_joint_example_time_to_target_with_two_workers(tmp_path: Path) -> None:
     assert finished and all(t["size_measured"] == "packed" and set(t["met"]) == {"accuracy", "size", "speed"}
                             for t in finished)
     assert all((run / "workers" / f"worker-{i}.log").is_file() for i in range(2))
+
+
+def test_workers_run_in_parallel_and_stop_when_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_workers starts N processes of a module with --worker I, keeps each one's log and exit code, and
+    terminates those still running once done() is true (--stop-at-target) or the deadline passes."""
+    import time
+
+    from fxforge.examples.search_workers import run_workers
+
+    (tmp_path / "fx_sleeper.py").write_text("import sys, time\nprint('worker', sys.argv[-1], flush=True)\n"
+                                            "time.sleep(0 if sys.argv[-1] == '0' else 120)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    start = time.time()
+    codes = run_workers("fx_sleeper", [], 2, start + 120, tmp_path / "logs", threads=1,
+                        done=lambda: (tmp_path / "logs" / "worker-1.log").read_text() != "", poll_s=0.2)
+    assert codes == [0, None] and time.time() - start < 60  # worker 1 stopped when done, long before its 120 s
+    assert (tmp_path / "logs" / "worker-0.log").read_text() == "worker 0\n"
+    assert run_workers("fx_sleeper", [], 1, time.time() + 3, tmp_path / "logs2") == [0]  # worker 0 exits by itself
