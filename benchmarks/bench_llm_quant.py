@@ -150,7 +150,7 @@ def pass_defaults(method: str) -> dict[str, Any] | str:
     from dataclasses import MISSING, fields
 
     try:
-        spec = get_pass(PASSES[method]).spec  # type: ignore[attr-defined]
+        spec = get_pass(PASSES[method]).spec
     except KeyError as exc:
         return f"not available: {_short(str(exc), 80)}"
     return {f.name: f.default if f.default is not MISSING else "(factory)" for f in fields(spec.args_type)
