@@ -90,6 +90,29 @@ def test_memory_saving_dropout_path_has_exact_gradients() -> None:
         assert (lora.eval()(x) - out).abs().max() > 1e-3  # the mask did drop something
 
 
+def test_dropout_mask_is_drawn_once_and_kept_as_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter's dropout draws its mask once, in forward, and keeps it as one bit per element (an 8 x 128 x 384
+    input keeps 48 KiB beside itself): backward, where a redraw cost a second random draw, draws nothing."""
+    from fxforge.passes.transform import lora_dropout
+
+    draws: list[int] = []
+    real = lora_dropout._keep_mask
+    monkeypatch.setattr(lora_dropout, "_keep_mask", lambda *a: draws.append(1) or real(*a))
+    lora = LoraLinear(nn.Linear(384, 16), rank=4, alpha=8.0, dropout=0.1).train()
+    x = torch.randn(8, 128, 384, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = lora(x)
+    assert draws == [1]
+    kept = {t.untyped_storage().data_ptr(): t.nbytes for t in saved if t.dtype == torch.uint8}
+    assert sum(kept.values()) == x.numel() // 8
+    out.sum().backward()
+    assert draws == [1] and x.grad is not None and lora.lora_A.grad is not None
+    odd = torch.rand(3, 5, 7) > 0.5  # 105 elements: the last byte is padded
+    assert torch.equal(lora_dropout._unpack(lora_dropout._pack(odd), odd), odd)
+    assert torch.equal(lora_dropout._unpack(lora_dropout._pack(odd), x[:3, :5, :7]), odd.float())
+
+
 def test_training_moves_only_the_adapters(mg: ForgeGraph) -> None:
     mg, _ = passes.insert_lora_adapter_transform_pass(mg, {"rank": 4, "targets": {"name": ["query", "value"]},
                                                    "trainable": {"name": "classifier"}})
