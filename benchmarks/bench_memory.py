@@ -19,9 +19,9 @@ The LoRA row asks what a user asks: "fit in 0.7x of what PEFT needs, as fast as 
 measured first, and fxforge LoRA + checkpoint is planned for ``budget_mb = 0.7 x (1 - LORA_MARGIN) x PEFT's
 measured peak``. The pass compares budget_mb with its own estimate of the same quantity (bytes above the
 step's start: saved activations + the largest segment + a gradient in flight, MB = 2^20), so the units agree;
-the 5 % margin is for the estimate's error (MiniLM 8x128 with LoRA: estimate 284.8 MB for a measured 287.8
-before the pass, i.e. 1 % low; after it the estimate runs high). ``--lora-fraction`` plans at a fraction of
-fxforge LoRA's own estimated peak instead.
+the 5 % margin is for the estimate's error (MiniLM 8x128 with LoRA: estimate 287.3 MB for a measured 290.3
+before the pass, 1 % low; after it the estimate runs high, 238.3 for a measured 218.5). ``--lora-fraction``
+plans at a fraction of fxforge LoRA's own estimated peak instead.
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ def test_insert_is_a_no_op_and_keeps_frozen_weight_and_bias(mg: ForgeGraph) -> N
 
 
 def test_memory_saving_dropout_path_has_exact_gradients() -> None:
-    """Train-mode dropout adapters redraw their mask in backward: same output and gradients as plain autograd."""
+    """Train-mode dropout adapters (mask drawn from a seed, kept as bits): same output and gradients as plain
+    autograd."""
     lora = LoraLinear(nn.Linear(12, 7), rank=3, alpha=6.0, dropout=0.3).train()
     with torch.no_grad():
         lora.lora_B.normal_()
