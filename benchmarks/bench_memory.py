@@ -15,6 +15,12 @@ times are medians of interleaved rounds (every variant once per round, order rot
 The liveness analysis's estimates are printed beside the measured peaks it defines (eval mode, summed outputs:
 passes/analysis/step_memory.py) for the graphs before and after the pass.
 
+The main rows ask "half the unmodified graph's activation memory, as fast as possible": its peak is measured
+first and fxforge's checkpoint is planned for ``budget_mb = 0.5 x (1 - MARGIN) x that measured peak`` (MB = 2^20,
+the units of the pass's estimate; the margin for the estimate's error: the zoo GPT's estimate runs 5 % high
+before the pass, so half of the estimate measured 0.513x). ``--fraction`` plans at a fraction of the pass's own
+estimate of the unmodified peak instead.
+
 The LoRA row asks what a user asks: "fit in 0.7x of what PEFT needs, as fast as possible". PEFT's peak is
 measured first, and fxforge LoRA + checkpoint is planned for ``budget_mb = 0.7 x (1 - LORA_MARGIN) x PEFT's
 measured peak``. The pass compares budget_mb with its own estimate of the same quantity (bytes above the
@@ -57,6 +63,7 @@ from fxforge.passes.analysis.step_memory import allocator_peak  # noqa: E402
 TARGETS = {"memory": 0.5, "time": 1.3, "lora_memory": 0.7, "lora_time": 1.2, "estimate": 0.10}
 LORA_RANK, LORA_ALPHA, LORA_DROPOUT = 8, 16, 0.1
 LORA_TARGETS = ["query", "key", "value", "dense"]
+MARGIN = 0.05  # below 0.5x the unmodified graph's measured peak, for the planner's estimate error (docstring)
 LORA_MARGIN = 0.05  # below 0.7x PEFT's measured peak, for the planner's estimate error (module docstring)
 SECTIONS = ("all", "classifier", "gpt", "lora")
 MB = 2**20
@@ -100,22 +107,27 @@ def plan_checkpoints(graph: ForgeGraph, inputs: dict[str, torch.Tensor], fractio
             fraction = round(min(1.0, fraction + 0.05), 2)
 
 
-def plan_lora_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], peft_peak: int
-                     ) -> tuple[ForgeGraph, Any, float]:
-    """Plan the LoRA graph for ``budget_mb`` = share x PEFT's measured peak, share = 0.7 x (1 - LORA_MARGIN);
-    where no plan reaches it (tiny models), the share rises in steps of 0.05 (a budget at or above the graph's
-    own peak plans nothing, so this ends). Returns the graph, the pass's info and the share."""
+def plan_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], share: float, reference_peak: int
+                ) -> tuple[ForgeGraph, Any, float]:
+    """Plan ``graph`` for ``budget_mb`` = share x a MEASURED reference peak (bytes above the step's start, the
+    quantity the pass estimates); where no plan reaches it (tiny models), the share rises in steps of 0.05 (a
+    budget at or above the graph's own peak plans nothing, so this ends). Returns the graph, the info, the share."""
     from fxforge.passes.base import PassError
 
     ckpt = checkpoint_pass()
     assert ckpt is not None
-    share = round(TARGETS["lora_memory"] * (1.0 - LORA_MARGIN), 3)
     while True:
         try:
-            out, info = ckpt(graph, {"budget_mb": share * peft_peak / MB, "data": inputs})
+            out, info = ckpt(graph, {"budget_mb": share * reference_peak / MB, "data": inputs})
             return out.train(), info, share
         except PassError:
             share = round(share + 0.05, 3)
+
+
+def plan_lora_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], peft_peak: int
+                     ) -> tuple[ForgeGraph, Any, float]:
+    """Plan the LoRA graph for ``budget_mb`` = 0.7 x (1 - LORA_MARGIN) x PEFT's measured peak (plan_budget)."""
+    return plan_budget(graph, inputs, round(TARGETS["lora_memory"] * (1.0 - LORA_MARGIN), 3), peft_peak)
 
 
 def capture(model: nn.Module, inputs: dict[str, torch.Tensor]) -> ForgeGraph:
@@ -159,9 +171,11 @@ def liveness_lines(graph: ForgeGraph, inputs: dict[str, torch.Tensor], model: st
 
 
 def run_section(title: str, variants: list[Variant], ref: str, repeats: int, warmup: int,
-                extra: Callable[[dict[str, int]], list[Variant]] | None = None) -> dict[str, Any]:
-    """Peaks (one step each, after warm-up), then interleaved step times; prints the table vs ``ref``. A variant
-    whose step raises is reported and left out (its targets then count as missed)."""
+                extra: Callable[[dict[str, int]], list[Variant]] | list[Callable[[dict[str, int]], list[Variant]]]
+                | None = None) -> dict[str, Any]:
+    """Peaks (one step each, after warm-up), then interleaved step times; prints the table vs ``ref``. ``extra``
+    makes variants from the peaks measured so far (each in turn, its variants measured before the next is
+    called). A variant whose step raises is reported and left out (its targets then count as missed)."""
     peaks: dict[str, int] = {}
     failed: dict[str, str] = {}
 
@@ -174,8 +188,8 @@ def run_section(title: str, variants: list[Variant], ref: str, repeats: int, war
         return True
 
     variants = [v for v in variants if measured(v)]
-    if extra is not None:
-        variants += [v for v in extra(peaks) if measured(v)]
+    for make in [] if extra is None else extra if isinstance(extra, list) else [extra]:
+        variants += [v for v in make(peaks) if measured(v)]
     for v in variants:
         zero_grads(v.modules)
     timings = interleaved({v.name: v.step for v in variants}, repeats, warmup=warmup)
@@ -195,25 +209,43 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
     ckpt = checkpoint_pass()
     base = capture(model, inputs)
     variants = [Variant("unmodified graph", loss_step(base, inputs), [base.model])]
-    fx_name = "fxforge checkpoint"
-    ours = None
-    if ckpt is not None:
-        ours, info, fraction = plan_checkpoints(base, inputs, args.fraction)
-        fx_name = f"fxforge checkpoint fraction {fraction}"
-        variants.append(Variant(fx_name, loss_step(ours, inputs), [ours.model]))
-        print(f"  fxforge plan ({label}): {info.segments} segments, planned peak {info.planned_peak_bytes / MB:.1f} "
-              f"of {info.baseline_peak_bytes / MB:.1f} MB, recompute {info.recompute_fraction:.2f} of a forward")
     per_layer = checkpoint_every_layer(model).train()
     variants.append(Variant("torch.utils.checkpoint every layer", loss_step(per_layer, inputs), [per_layer]))
+    fx_name = "fxforge checkpoint"
+    made: dict[str, ForgeGraph] = {}
+    plan: dict[str, Any] = {}
+
+    def fxforge_variant(peaks: dict[str, int]) -> list[Variant]:
+        """Planned once the unmodified graph's peak is measured: budget_mb = 0.5 x (1 - MARGIN) x that peak
+        (module docstring), or --fraction of the pass's own estimate."""
+        nonlocal fx_name
+        if ckpt is None or (args.fraction is None and "unmodified graph" not in peaks):
+            return []
+        if args.fraction is not None:
+            ours, info, fraction = plan_checkpoints(base, inputs, args.fraction)
+            fx_name = f"fxforge checkpoint fraction {fraction}"
+        else:
+            share = round(TARGETS["memory"] * (1.0 - MARGIN), 3)
+            ours, info, share = plan_budget(base, inputs, share, peaks["unmodified graph"])
+            fx_name = f"fxforge checkpoint {share}x unmodified"
+        made["ours"] = ours
+        plan.update(budget_bytes=info.budget_bytes, planned_peak_bytes=info.planned_peak_bytes,
+                    baseline_peak_bytes=info.baseline_peak_bytes, segments=info.segments,
+                    recompute_fraction=info.recompute_fraction)
+        print(f"  fxforge plan ({label}): budget {info.budget_bytes / MB:.1f} MB, {info.segments} segments, planned "
+              f"peak {info.planned_peak_bytes / MB:.1f} of {info.baseline_peak_bytes / MB:.1f} MB, recompute "
+              f"{info.recompute_fraction:.2f} of a forward")
+        return [Variant(fx_name, loss_step(ours, inputs), [ours.model])]
 
     def compile_variant(peaks: dict[str, int]) -> list[Variant]:
         if args.no_compile:
             return []
-        target = peaks.get(fx_name, peaks["unmodified graph"] * args.fraction) / peaks["unmodified graph"]
+        target = peaks.get(fx_name, peaks["unmodified graph"] * TARGETS["memory"]) / peaks["unmodified graph"]
         return [compiled(model, inputs, round(min(1.0, max(0.05, target)), 2))]
 
     res = run_section(f"{label}: training step", variants, "unmodified graph", args.repeats, args.warmup,
-                      compile_variant)
+                      [fxforge_variant, compile_variant])
+    res["plan"] = plan
     results[label] = res
     peak, ms = res["peak_bytes"], res["median_ms"]
     if ckpt is not None:
@@ -226,8 +258,8 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
             checks[f"{label}: fxforge step time <= {other}'s"] = ms.get(fx_name, inf) <= ms[other]
     res["liveness"] = {}
     liveness_lines(base, inputs, label, "unmodified graph", checks, res["liveness"])
-    if ours is not None and fx_name in peak:
-        liveness_lines(ours, inputs, label, "after the pass", checks, res["liveness"])
+    if "ours" in made and fx_name in peak:
+        liveness_lines(made["ours"], inputs, label, "after the pass", checks, res["liveness"])
     return base
 
 
@@ -286,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny models, 2 rounds, no compile (seconds)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
-    parser.add_argument("--fraction", type=float, help="fxforge's budget, of the unmodified peak (0.5; quick 0.7)")
+    parser.add_argument("--fraction", type=float, help="plan fxforge's checkpoint at this fraction of the pass's "
+                        "estimate of the unmodified peak instead of 0.5 x (1 - MARGIN) of its measured peak")
     parser.add_argument("--lora-fraction", type=float, help="plan fxforge LoRA + checkpoint at this fraction of "
                         "its own peak instead of 0.7 x (1 - LORA_MARGIN) of PEFT's measured peak")
     parser.add_argument("--only", choices=SECTIONS, default="all", help="run one section: the MiniLM classifier, "
@@ -297,8 +330,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.no_compile = args.no_compile or args.quick
     args.repeats = args.repeats or (2 if args.quick else 10)
-    default = 0.7 if args.quick else 0.5  # tiny models reach no plan at 0.5
-    args.fraction = args.fraction or default
     args.warmup = 0 if args.quick else 2  # measuring a peak already ran every variant twice
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -12,7 +12,7 @@ import pytest
 
 
 def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fxforge.benchmarks.bench_memory import LORA_MARGIN, TARGETS, main
+    from fxforge.benchmarks.bench_memory import LORA_MARGIN, MARGIN, TARGETS, main
 
     code = main(["--quick", "--json", str(tmp_path / "r.json")])
     text = capsys.readouterr().out
@@ -23,7 +23,13 @@ def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys
     assert len(sections) == 2 and all(("BERT" in k) != ("GPT" in k) for k in sections)
     for label in sections:
         peaks, ms = res[label]["peak_bytes"], res[label]["median_ms"]
-        ours = next(k for k in peaks if k.startswith("fxforge checkpoint fraction"))
+        ours = next(k for k in peaks if k.startswith("fxforge checkpoint"))
+        # planned for a share of the unmodified graph's MEASURED peak, in the pass's units (bytes, MB = 2^20)
+        named = re.fullmatch(r"fxforge checkpoint ([0-9.]+)x unmodified", ours)
+        assert named is not None and float(named.group(1)) >= TARGETS["memory"] * (1 - MARGIN)
+        plan = res[label]["plan"]
+        assert abs(plan["budget_bytes"] - float(named.group(1)) * peaks["unmodified graph"]) <= 1
+        assert plan["planned_peak_bytes"] <= plan["budget_bytes"] < plan["baseline_peak_bytes"]
         assert set(peaks) == set(ms) == {"unmodified graph", ours, "torch.utils.checkpoint every layer"}
         assert 0 < peaks[ours] < peaks["unmodified graph"]  # recomputation really frees memory
         assert peaks["torch.utils.checkpoint every layer"] < peaks["unmodified graph"]
