@@ -5,8 +5,10 @@ module objects the piece called (aliases: their parameters keep their names wher
 checkpoint stores them once, as module aliases). Children that hold no tensor are rebuilt from their config.
 With grad enabled the region runs ``checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)``:
 only its inputs are kept for backward, its internals are recomputed with the RNG state of the forward, so
-dropout replays the same mask. Without grad (eval, metadata passes) the body simply runs. The rewrite engine's
-unused-module clean-up (passes/rewrite.delete_unused_submodules) keeps the aliased layers at their own paths.
+random ops replay the same draws; F.dropout (nn.Dropout) keeps its mask as bits instead of redrawing it
+(passes/memory/dropout_tape.py: the CPU draw dominated a recomputed dropout's cost). Without grad (eval,
+metadata passes) the body simply runs. The rewrite engine's unused-module clean-up
+(passes/rewrite.delete_unused_submodules) keeps the aliased layers at their own paths.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any, cast
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from ...graph import targets
 from ...graph.checkpoint import _codegen_json, _node_json
 from ...graph.checkpoint_load import CHECKPOINT_SCHEMA_VERSION, _build_graph, _check_config
+from .dropout_tape import DropoutTape
 
 __all__ = ["CheckpointRegion"]
 
@@ -51,12 +55,22 @@ class CheckpointRegion(nn.Module):
             raise TypeError(f"CheckpointRegion takes {self.inputs} inputs, got {len(args)}")
         body, inputs = self.body(), args
         if torch.is_grad_enabled():
+            if self.training and _has_dropout(self._graph, self):  # a tape per call: the forward's masks as bits
+                return torch.utils.checkpoint.checkpoint(DropoutTape().run, body, *inputs, use_reentrant=False,
+                                                         preserve_rng_state=True)
             return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)
         return body(*inputs)
 
     def extra_repr(self) -> str:
         nodes = [n for n in self._graph.nodes if n.op not in ("placeholder", "output")]
         return f"inputs={self.inputs}, nodes={len(nodes)}, first={nodes[0].name}, last={nodes[-1].name}"
+
+
+def _has_dropout(graph: fx.Graph, owner: nn.Module) -> bool:
+    """Whether the region calls F.dropout (directly or through an nn.Dropout child), so a DropoutTape pays."""
+    return any((n.op == "call_function" and n.target is F.dropout)
+               or (n.op == "call_module" and type(owner.get_submodule(str(n.target))) is nn.Dropout)
+               for n in graph.nodes)
 
 
 def _to_config(region: CheckpointRegion) -> dict[str, Any]:

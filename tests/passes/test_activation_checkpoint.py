@@ -195,3 +195,43 @@ def test_no_segment_of_the_plan_could_be_dropped() -> None:
         for s in range(len(plan.segments)):
             fewer = plan_of(costs, plan.segments[:s] + plan.segments[s + 1:])
             assert fewer.peak > budget, (k, plan, fewer)
+
+
+class _CountDraws(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts aten random draws (bernoulli_) while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draws = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.draws += func.overloadpacket is torch.ops.aten.bernoulli_
+        return func(*args, **(kwargs or {}))
+
+
+def test_dropout_in_a_region_keeps_its_mask_as_bits() -> None:
+    """A checkpointed region's dropout is not redrawn in recomputation (the CPU draw dominated its cost): backward
+    draws only for the random ops that are not F.dropout (here an AlphaDropout between two Dropouts, in the same
+    region: the RNG state after each kept mask is replayed, so its draw is the forward's). Outputs and gradients
+    stay bitwise those of the original graph."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(nn.Linear(16, 256), nn.Dropout(0.3), nn.AlphaDropout(0.2), nn.Linear(256, 256), nn.Tanh(),
+                        nn.Dropout(0.3), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 4))
+    x = torch.randn(64, 16)
+    mg = ForgeGraph(net, (x,), frontend="fx").train()
+    smallest = plan_checkpoints(graph_costs(mg.model, [x]), None)[1]
+    out, info = activation_checkpoint_transform_pass(mg, {"budget_mb": smallest / MB})
+    kinds = [type(m) for r in checkpoint_regions(out.model) for m in r.children()]
+    taped, alpha = kinds.count(nn.Dropout), kinds.count(nn.AlphaDropout)
+    assert taped >= 1 and alpha == 1, kinds  # the case this test is about: both kinds recomputed
+    ref_out, ref_grad = _step(mg, {"input": x}, seed=11)
+    out.model.zero_grad(set_to_none=True)
+    torch.manual_seed(11)
+    with _CountDraws() as forward:
+        y = out(x)
+    with _CountDraws() as backward:
+        y.float().sum().backward()
+    assert forward.draws == 3 and backward.draws == alpha
+    assert torch.equal(y.detach(), ref_out[0])
+    assert all(torch.equal(p.grad, ref_grad[n]) for n, p in out.model.named_parameters())
