@@ -11,7 +11,10 @@ CPU RNG state); its internal saved tensors come back one segment at a time durin
     peak = sum(saved bytes of nodes outside segments) + sum(boundary input + RNG state bytes of segments)
            + max(saved bytes inside one segment) + transient
 
-where transient = 2 x the largest activation (a gradient in flight beside its input). For a cap L on the
+where transient = 2 x the largest activation (a gradient in flight beside its input). Backward frees what it
+has passed, so the figure is taken per segment (plan_of): what is kept up to the segment's end + its inside,
+or all kept bytes at backward's start if larger; the plain sum above bounds it loosely (MiniLM
+8x128: ~20 % above the measured peak, so a plan for it over-saved). For a cap L on the
 largest segment and a price lambda per unit of recompute cost, a dynamic program over the topological order
 (f[i] = min over "keep node i" / "segment j..i" of kept bytes + lambda * recomputed cost) finds the best
 segmentation; sweeping L and lambda (a grid, then bisection of lambda at the budget's edge for each L) gives a
@@ -212,18 +215,27 @@ def _solve(c: GraphCosts, cap: int, lam: float) -> Plan:
             i = back[i]
         else:
             i -= 1
-    return Plan(tuple(reversed(segments)), mem[n] + top[n] + c.transient, work[n])
+    return plan_of(c, tuple(reversed(segments)))
 
 
 def plan_of(c: GraphCosts, segments: tuple[tuple[int, int], ...]) -> Plan:
     """Any set of candidate segments (disjoint, in order, each an (first, last) pair spans offers) priced by the
-    planner's memory model: kept bytes + the largest segment's internal bytes + the transient."""
-    kept, top, work = sum(c.saved), 0, 0.0
+    planner's memory model: backward runs in reverse and frees each node's saved tensors once past it, so
+    segment k is recomputed while only what is kept up to its end is live. Peak = the transient + the larger of
+    all kept bytes (backward's start) and, over segments, kept bytes up to the segment's end + its inside."""
+    prefix = [0]
+    for b in c.saved:
+        prefix.append(prefix[-1] + b)
+    dropped = boundary = top = 0  # inside bytes of earlier segments (not kept), their boundary inputs (kept)
+    work = 0.0
     for a, b in segments:
         inside, in_bytes, w = next((i, s, w) for j, i, s, w in c.spans[b] if j == a)
-        kept += in_bytes - inside
-        top, work = max(top, inside), work + w
-    return Plan(segments, kept + top + c.transient, work)
+        boundary += in_bytes
+        top = max(top, prefix[b + 1] - dropped + boundary)  # this segment's inside is live: not yet dropped
+        dropped += inside
+        work += w
+    kept = prefix[-1] - dropped + boundary
+    return Plan(segments, max(kept, top) + c.transient, work)
 
 
 def plan_checkpoints(c: GraphCosts, budget: int | None) -> tuple[Plan | None, int]:

@@ -159,6 +159,10 @@ def test_budget_is_met_on_the_measured_peak(bert: ForgeGraph) -> None:
     slack = 0.10 * info.budget_bytes + 64 * 1024
     assert after <= info.budget_bytes + slack, (after, info)
     assert before > info.budget_bytes + slack, (before, info)
+    # the plan's estimate follows the measured peak, not a loose bound (backward frees what it passed: a segment
+    # early in the graph is recomputed beside what is kept before it only; kept + the largest inside estimated
+    # 3.70 MB here for 3.40 measured, and ~20 % high on MiniLM 8x128, so plans over-saved). Here 13 % low.
+    assert abs(info.planned_peak_bytes - after) <= 0.15 * after, (after, info)
     print(f"measured peak {before / MB:.2f} MB -> {after / MB:.2f} MB; estimated {info.baseline_peak_bytes / MB:.2f}"
           f" -> {info.planned_peak_bytes / MB:.2f} MB; budget {info.budget_bytes / MB:.2f} MB")
 
