@@ -3,7 +3,7 @@
 Costs come from one run of the graph in training mode with grad (the liveness analysis's runner: it records
 what autograd saves per node, by storage, and each node's result storages), plus FLOPs per node from the same
 run; a node's forward time is its ProfileRecord latency when the profile pass ran, else FLOPs + 4 x result
-bytes (a memory-bound op costs time too).
+bytes (a memory-bound op costs time too; attention the counter has no formula for is counted from its shapes).
 
 Memory model (Chen et al., "sublinear memory"): a checkpointed segment keeps only its boundary inputs (and the
 CPU RNG state); its internal saved tensors come back one segment at a time during backward. So
@@ -113,6 +113,26 @@ def _segmentable(gm: fx.GraphModule, node: fx.Node, value: Any) -> bool:
     return not any(k in name for k in ("grad_enabled", "autocast", "check_input_shapes", "_assert"))
 
 
+def _attention_flops(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any]) -> int:
+    """FLOPs of a scaled-dot-product attention node the counter saw as 0 (no formula for the CPU flash kernel, so
+    the planner took the costliest op of a long sequence for free): Q K^T and P V, 4 x B x H x L x S x E, half
+    that when causal."""
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        if getattr(module, "fxforge_op", None) != "scaled_dot_product_attention":
+            return 0
+        causal = bool(getattr(module, "is_causal", False))
+    elif node.target is torch.nn.functional.scaled_dot_product_attention:
+        causal = bool(node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False))
+    else:
+        return 0
+    q, k = (env.get(a) if isinstance(a, fx.Node) else a for a in node.args[:2])
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() < 2:
+        return 0
+    flops = 4 * q.numel() * k.shape[-2]  # q: (..., L, E), k: (..., S, E)
+    return flops // 2 if causal else flops
+
+
 def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
     """Run ``gm`` once in training mode with grad (RNG state restored after) and derive the planner's costs."""
     from torch.utils.flop_counter import FlopCounterMode  # imports triton: only when a plan is made
@@ -150,8 +170,8 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
         cost = tuple(float(r.latency_ms) if r is not None and ok else 0.0 for r, ok in zip(latency, segmentable))
         source = "profile latency"
     else:
-        cost = tuple(float(runner.flops.get(n, 0) + 4 * sum(produced[i].values())) if segmentable[i] else 0.0
-                     for i, n in enumerate(nodes))
+        cost = tuple(float((runner.flops.get(n, 0) or _attention_flops(gm, n, runner.env))
+                           + 4 * sum(produced[i].values())) if segmentable[i] else 0.0 for i, n in enumerate(nodes))
         source = "flops + 4 x result bytes"
     transient = 2 * max((sum(p.values()) for p in produced), default=0)
     inputs = [sorted({index[a] for a in n.all_input_nodes}) for n in nodes]

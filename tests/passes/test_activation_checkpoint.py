@@ -239,3 +239,19 @@ def test_dropout_in_a_region_keeps_its_mask_as_bits() -> None:
     assert forward.draws == 3 and backward.draws == alpha
     assert torch.equal(y.detach(), ref_out[0])
     assert all(torch.equal(p.grad, ref_grad[n]) for n, p in out.model.named_parameters())
+
+
+def test_attention_is_priced_by_its_matmuls() -> None:
+    """The FLOP counter has no formula for CPU flash attention (it counts 0), so the planner took a long sequence's
+    costliest op for free and recomputed it: a causal attention costs 2 x B x H x L x S x E (half of Q K^T + P V)
+    beyond its result bytes, and at T = 128 more than the linear that makes q, k and v."""
+    mg = ForgeGraph(make_gpt("attn", sequence_length=128), example_inputs=(torch.zeros(2, 128, dtype=torch.long),))
+    costs = graph_costs(mg.model, [torch.randint(0, 64, (2, 128))])
+    index = {n.name: i for i, n in enumerate(costs.nodes)}
+    attn = costs.nodes[index["scaled_dot_product_attention"]]
+    q = attn.args[0].meta.get("tensor_meta") if isinstance(attn.args[0], torch.fx.Node) else None
+    batch, heads, length, width = (2, 2, 128, 16) if q is None else tuple(q.shape)
+    result = 4 * batch * heads * length * width * 4  # the output's bytes x 4
+    assert costs.cost[index["scaled_dot_product_attention"]] == 2 * batch * heads * length * length * width + result
+    qkv = next(i for n, i in index.items() if n.endswith("c_attn"))
+    assert costs.cost[index["scaled_dot_product_attention"]] > costs.cost[qkv]
