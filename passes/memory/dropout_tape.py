@@ -37,7 +37,8 @@ def unpack_bits(packed: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def _dropout_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, float, bool, bool]:
     """F.dropout's (input, p, training, inplace), however they were passed."""
     names, defaults = ("input", "p", "training", "inplace"), (None, 0.5, True, False)
-    values = [kwargs.get(k, args[i] if i < len(args) else d) for i, (k, d) in enumerate(zip(names, defaults))]
+    values: list[Any] = [kwargs.get(k, args[i] if i < len(args) else d)
+                         for i, (k, d) in enumerate(zip(names, defaults))]
     return values[0], float(values[1]), bool(values[2]), bool(values[3])
 
 
