@@ -18,15 +18,16 @@ passes/analysis/step_memory.py) for the graphs before and after the pass.
 The main rows ask "half the unmodified graph's activation memory, as fast as possible": its peak is measured
 first and fxforge's checkpoint is planned for ``budget_mb = 0.5 x (1 - MARGIN) x that measured peak`` (MB = 2^20,
 the units of the pass's estimate; the margin for the estimate's error: the zoo GPT's estimate runs 5 % high
-before the pass, so half of the estimate measured 0.513x). ``--fraction`` plans at a fraction of the pass's own
-estimate of the unmodified peak instead.
+before the pass, so half of the estimate measured 0.513x; after it the plan's estimate runs 4-6 % high: MiniLM
+8x128 135.5 MB planned for 130.3 measured, the GPT 70.2 for 66.2). ``--fraction`` plans at a fraction of the
+pass's own estimate of the unmodified peak instead.
 
 The LoRA row asks what a user asks: "fit in 0.7x of what PEFT needs, as fast as possible". PEFT's peak is
 measured first, and fxforge LoRA + checkpoint is planned for ``budget_mb = 0.7 x (1 - LORA_MARGIN) x PEFT's
 measured peak``. The pass compares budget_mb with its own estimate of the same quantity (bytes above the
 step's start: saved activations + the largest segment + a gradient in flight, MB = 2^20), so the units agree;
 the 5 % margin is for the estimate's error (MiniLM 8x128 with LoRA: estimate 287.3 MB for a measured 290.3
-before the pass, 1 % low; after it the estimate runs high, 238.3 for a measured 218.5). ``--lora-fraction``
+before the pass, 1 % low; after it 251.5 planned for 254.5 measured, 1 % low). ``--lora-fraction``
 plans at a fraction of fxforge LoRA's own estimated peak instead.
 """
 
@@ -63,7 +64,7 @@ from fxforge.passes.analysis.step_memory import allocator_peak  # noqa: E402
 TARGETS = {"memory": 0.5, "time": 1.3, "lora_memory": 0.7, "lora_time": 1.2, "estimate": 0.10}
 LORA_RANK, LORA_ALPHA, LORA_DROPOUT = 8, 16, 0.1
 LORA_TARGETS = ["query", "key", "value", "dense"]
-MARGIN = 0.05  # below 0.5x the unmodified graph's measured peak, for the planner's estimate error (docstring)
+MARGIN = 0.02  # below 0.5x the unmodified graph's measured peak, for the planner's estimate error (docstring)
 LORA_MARGIN = 0.05  # below 0.7x PEFT's measured peak, for the planner's estimate error (module docstring)
 SECTIONS = ("all", "classifier", "gpt", "lora")
 MB = 2**20
