@@ -22,6 +22,13 @@ before the pass, so half of the estimate measured 0.513x; after it the plan's es
 8x128 135.5 MB planned for 130.3 measured, the GPT 70.2 for 66.2). ``--fraction`` plans at a fraction of the
 pass's own estimate of the unmodified peak instead.
 
+The equal-memory rows ask "at the memory another method reaches, who is faster": once torch.compile's (budget
+set to fxforge's measured share) and every-layer torch.utils.checkpoint's peaks are measured, fxforge is planned
+for ``budget_mb = (1 - MARGIN) x that MEASURED peak`` ("fxforge at torch.compile's memory", "fxforge at
+every-layer checkpoint's memory") and timed in the same interleaved rounds; their checks compare peak and step
+time with the other's. Where no plan reaches a peak, the row is left out and the smallest peak the pass reports
+reachable is printed (its checks count as missed).
+
 The LoRA row asks what a user asks: "fit in 0.7x of what PEFT needs, as fast as possible". PEFT's peak is
 measured first, and fxforge LoRA + checkpoint is planned for ``budget_mb = 0.7 x (1 - LORA_MARGIN) x PEFT's
 measured peak``. The pass compares budget_mb with its own estimate of the same quantity (bytes above the
@@ -53,9 +60,13 @@ from fxforge.benchmarks.memory_variants import (  # noqa: E402
     GPTWithLoss,
     Variant,
     checkpoint_every_layer,
+    checkpoint_pass,
     classifier,
     gpt,
     loss_step,
+    plan_budget,
+    plan_checkpoints,
+    plan_equal_memory,
     zero_grads,
 )
 from fxforge.benchmarks.timing import interleaved  # noqa: E402
@@ -68,6 +79,7 @@ MARGIN = 0.02  # below 0.5x the unmodified graph's measured peak, for the planne
 LORA_MARGIN = 0.05  # below 0.7x PEFT's measured peak, for the planner's estimate error (module docstring)
 SECTIONS = ("all", "classifier", "gpt", "lora")
 MB = 2**20
+AT_COMPILE, AT_PER_LAYER = "fxforge at torch.compile's memory", "fxforge at every-layer checkpoint's memory"
 
 
 def cpu_model() -> str:
@@ -79,50 +91,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "unknown CPU"
-
-
-def checkpoint_pass() -> Callable[..., Any] | None:
-    """fxforge's activation_checkpoint_transform_pass, or None while it does not exist."""
-    try:
-        from fxforge.passes.memory import activation_checkpoint_transform_pass
-    except ImportError:
-        return None
-    return activation_checkpoint_transform_pass
-
-
-def plan_checkpoints(graph: ForgeGraph, inputs: dict[str, torch.Tensor], fraction: float
-                     ) -> tuple[ForgeGraph, Any, float]:
-    """Run the pass at ``fraction`` of the unmodified peak; where no plan reaches it (tiny models), the
-    smallest fraction in steps of 0.05 that one does. Returns the graph, the pass's info and the fraction."""
-    from fxforge.passes.base import PassError
-
-    ckpt = checkpoint_pass()
-    assert ckpt is not None
-    while True:
-        try:
-            out, info = ckpt(graph, {"fraction": fraction, "data": inputs})  # a transform returns a copy
-            return out.train(), info, fraction
-        except PassError:
-            if fraction >= 1.0:
-                raise
-            fraction = round(min(1.0, fraction + 0.05), 2)
-
-
-def plan_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], share: float, reference_peak: int
-                ) -> tuple[ForgeGraph, Any, float]:
-    """Plan ``graph`` for ``budget_mb`` = share x a MEASURED reference peak (bytes above the step's start, the
-    quantity the pass estimates); where no plan reaches it (tiny models), the share rises in steps of 0.05 (a
-    budget at or above the graph's own peak plans nothing, so this ends). Returns the graph, the info, the share."""
-    from fxforge.passes.base import PassError
-
-    ckpt = checkpoint_pass()
-    assert ckpt is not None
-    while True:
-        try:
-            out, info = ckpt(graph, {"budget_mb": share * reference_peak / MB, "data": inputs})
-            return out.train(), info, share
-        except PassError:
-            share = round(share + 0.05, 3)
 
 
 def plan_lora_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], peft_peak: int
@@ -206,7 +174,8 @@ def run_section(title: str, variants: list[Variant], ref: str, repeats: int, war
 
 def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, args: argparse.Namespace,
                 checks: dict[str, bool], results: dict[str, Any]) -> ForgeGraph:
-    """Unmodified graph, fxforge's pass, checkpoint on every layer and torch.compile at the same memory."""
+    """Unmodified graph, fxforge's pass, checkpoint on every layer, torch.compile at fxforge's share, and fxforge
+    planned again at each of the last two's measured peaks (time at equal memory)."""
     ckpt = checkpoint_pass()
     base = capture(model, inputs)
     variants = [Variant("unmodified graph", loss_step(base, inputs), [base.model])]
@@ -244,9 +213,35 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
         target = peaks.get(fx_name, peaks["unmodified graph"] * TARGETS["memory"]) / peaks["unmodified graph"]
         return [compiled(model, inputs, round(min(1.0, max(0.05, target)), 2))]
 
+    equal: dict[str, dict[str, Any]] = {}
+
+    def at_memory_of(prefix: str, row: str) -> Callable[[dict[str, int]], list[Variant]]:
+        """fxforge planned for the measured peak of the variant named ``prefix...`` (once it is measured)."""
+
+        def make(peaks: dict[str, int]) -> list[Variant]:
+            ref = next((n for n in peaks if n.startswith(prefix)), None)
+            if ckpt is None or ref is None:
+                return []
+            ours, record = plan_equal_memory(base, inputs, ref, peaks[ref], MARGIN)
+            equal[row] = record
+            if ours is None:
+                small = record["smallest_reachable_bytes"]
+                print(f"  {row} ({label}): no plan reaches {record['budget_bytes'] / MB:.1f} MB ({ref} measured "
+                      f"{peaks[ref] / MB:.1f}); the smallest reachable, as the pass reports it: "
+                      f"{'unknown' if small is None else f'{small / MB:.1f} MB'}")
+                return []
+            print(f"  {row} ({label}): budget {record['budget_bytes'] / MB:.1f} MB = {1 - MARGIN} x {ref}'s "
+                  f"measured peak, {record['segments']} segments, planned peak "
+                  f"{record['planned_peak_bytes'] / MB:.1f} MB, recompute {record['recompute_fraction']:.2f}")
+            return [Variant(row, loss_step(ours, inputs), [ours.model])]
+
+        return make
+
     res = run_section(f"{label}: training step", variants, "unmodified graph", args.repeats, args.warmup,
-                      [fxforge_variant, compile_variant])
+                      [fxforge_variant, compile_variant, at_memory_of("torch.compile", AT_COMPILE),
+                       at_memory_of("torch.utils.checkpoint", AT_PER_LAYER)])
     res["plan"] = plan
+    res["equal_memory"] = equal
     results[label] = res
     peak, ms = res["peak_bytes"], res["median_ms"]
     if ckpt is not None:
@@ -255,8 +250,10 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
             peak.get(fx_name, inf) <= TARGETS["memory"] * peak["unmodified graph"])
         checks[f"{label}: fxforge step time <= {TARGETS['time']}x unmodified"] = (
             ms.get(fx_name, inf) <= TARGETS["time"] * ms["unmodified graph"])
-        for other in [n for n in ms if n.startswith(("torch.utils", "torch.compile"))]:
-            checks[f"{label}: fxforge step time <= {other}'s"] = ms.get(fx_name, inf) <= ms[other]
+        for row, record in equal.items():  # time at equal memory: fxforge planned for the other's measured peak
+            ref = record["reference"]
+            checks[f"{label}: {row}: peak <= {ref}'s"] = peak.get(row, inf) <= peak[ref]
+            checks[f"{label}: {row}: step time <= {ref}'s"] = ms.get(row, inf) <= ms[ref]
     res["liveness"] = {}
     liveness_lines(base, inputs, label, "unmodified graph", checks, res["liveness"])
     if "ours" in made and fx_name in peak:

@@ -3,12 +3,14 @@
 A *step* is forward + loss + backward (the optimizer update is the same for every variant and left out).
 Before anything is measured every trainable weight gets an allocated, zeroed ``.grad`` (a loop that zeroes
 rather than frees grads), so a step's allocator peak counts activations, gradients in flight, temporaries
-and recomputation, never the weights or their grads.
+and recomputation, never the weights or their grads. The fxforge rows are planned here too, each for a budget
+in the pass's units (bytes above the step's start, MB = 2^20).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +20,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from fxforge import ForgeGraph
 from fxforge.models.gpt import GPT, GPTConfig
 
-__all__ = ["GPTWithLoss", "PerLayerCheckpoint", "Variant", "checkpoint_every_layer", "classifier", "gpt",
-           "loss_step", "zero_grads"]
+__all__ = ["GPTWithLoss", "PerLayerCheckpoint", "Variant", "checkpoint_every_layer", "checkpoint_pass", "classifier",
+           "gpt", "loss_step", "plan_budget", "plan_checkpoints", "plan_equal_memory", "zero_grads"]
+MB = 2**20
 
 
 @dataclass
@@ -115,7 +119,6 @@ def loss_step(model: Callable[..., Any], inputs: dict[str, torch.Tensor]) -> Cal
     return step
 
 
-
 def zero_grads(modules: list[nn.Module]) -> None:
     """Allocate (or zero in place) the grad of every trainable weight, so steps accumulate into held grads."""
     for module in modules:
@@ -125,3 +128,71 @@ def zero_grads(modules: list[nn.Module]) -> None:
                     p.grad = torch.zeros_like(p)
                 else:
                     p.grad.zero_()
+
+
+def checkpoint_pass() -> Callable[..., Any] | None:
+    """fxforge's activation_checkpoint_transform_pass, or None while it does not exist."""
+    try:
+        from fxforge.passes.memory import activation_checkpoint_transform_pass
+    except ImportError:
+        return None
+    return activation_checkpoint_transform_pass
+
+
+def plan_checkpoints(graph: ForgeGraph, inputs: dict[str, torch.Tensor], fraction: float
+                     ) -> tuple[ForgeGraph, Any, float]:
+    """Run the pass at ``fraction`` of the unmodified peak; where no plan reaches it (tiny models), the
+    smallest fraction in steps of 0.05 that one does. Returns the graph, the pass's info and the fraction."""
+    from fxforge.passes.base import PassError
+
+    ckpt = checkpoint_pass()
+    assert ckpt is not None
+    while True:
+        try:
+            out, info = ckpt(graph, {"fraction": fraction, "data": inputs})  # a transform returns a copy
+            return out.train(), info, fraction
+        except PassError:
+            if fraction >= 1.0:
+                raise
+            fraction = round(min(1.0, fraction + 0.05), 2)
+
+
+def plan_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], share: float, reference_peak: int
+                ) -> tuple[ForgeGraph, Any, float]:
+    """Plan ``graph`` for ``budget_mb`` = share x a MEASURED reference peak (bytes above the step's start, the
+    quantity the pass estimates); where no plan reaches it (tiny models), the share rises in steps of 0.05 (a
+    budget at or above the graph's own peak plans nothing, so this ends). Returns the graph, the info, the share."""
+    from fxforge.passes.base import PassError
+
+    ckpt = checkpoint_pass()
+    assert ckpt is not None
+    while True:
+        try:
+            out, info = ckpt(graph, {"budget_mb": share * reference_peak / MB, "data": inputs})
+            return out.train(), info, share
+        except PassError:
+            share = round(share + 0.05, 3)
+
+
+def plan_equal_memory(graph: ForgeGraph, inputs: dict[str, torch.Tensor], reference: str, peak: int,
+                      margin: float) -> tuple[ForgeGraph | None, dict[str, Any]]:
+    """Plan ``graph`` for budget_mb = (1 - margin) x another variant's MEASURED peak, to time both at the same
+    memory. No share is raised here: where no plan reaches it, the graph is None and the record holds the
+    smallest peak the pass reports reachable."""
+    from fxforge.passes.base import PassError
+
+    ckpt = checkpoint_pass()
+    assert ckpt is not None
+    budget_mb = (1.0 - margin) * peak / MB
+    record: dict[str, Any] = {"reference": reference, "reference_peak_bytes": peak, "share": 1.0 - margin}
+    try:
+        out, info = ckpt(graph, {"budget_mb": budget_mb, "data": inputs})
+    except PassError as exc:
+        found = re.search(r"reaches, ([0-9.]+) MB", str(exc))
+        record.update(budget_bytes=int(budget_mb * MB), unreachable=True,
+                      smallest_reachable_bytes=float(found.group(1)) * MB if found else None)
+        return None, record
+    record.update(budget_bytes=info.budget_bytes, planned_peak_bytes=info.planned_peak_bytes,
+                  baseline_peak_bytes=info.baseline_peak_bytes, segments=info.segments,
+                  recompute_fraction=info.recompute_fraction)
+    return out.train(), record

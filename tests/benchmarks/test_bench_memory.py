@@ -12,7 +12,7 @@ import pytest
 
 
 def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fxforge.benchmarks.bench_memory import LORA_MARGIN, MARGIN, TARGETS, main
+    from fxforge.benchmarks.bench_memory import AT_COMPILE, AT_PER_LAYER, LORA_MARGIN, MARGIN, TARGETS, main
 
     code = main(["--quick", "--json", str(tmp_path / "r.json")])
     text = capsys.readouterr().out
@@ -30,7 +30,22 @@ def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys
         plan = res[label]["plan"]
         assert abs(plan["budget_bytes"] - float(named.group(1)) * peaks["unmodified graph"]) <= 1
         assert plan["planned_peak_bytes"] <= plan["budget_bytes"] < plan["baseline_peak_bytes"]
-        assert set(peaks) == set(ms) == {"unmodified graph", ours, "torch.utils.checkpoint every layer"}
+        # the equal-memory row: planned for (1 - MARGIN) x every-layer checkpoint's MEASURED peak, or, where
+        # no plan reaches that, reported with the smallest reachable peak the pass gives (above the budget)
+        per_layer = "torch.utils.checkpoint every layer"
+        record = res[label]["equal_memory"][AT_PER_LAYER]
+        assert record["reference"] == per_layer and record["reference_peak_bytes"] == peaks[per_layer]
+        assert abs(record["budget_bytes"] - (1 - MARGIN) * peaks[per_layer]) <= 1
+        if record.get("unreachable"):
+            assert AT_PER_LAYER not in peaks and record["smallest_reachable_bytes"] > record["budget_bytes"]
+            assert f"{AT_PER_LAYER} ({label}): no plan reaches" in text
+        else:
+            assert record["planned_peak_bytes"] <= record["budget_bytes"] and AT_PER_LAYER in peaks
+        rows = {"unmodified graph", ours, per_layer} | ({AT_PER_LAYER} & set(peaks))
+        assert set(peaks) == set(ms) == rows
+        assert AT_COMPILE not in res[label]["equal_memory"]  # --quick compiles nothing
+        for check in ("peak", "step time"):
+            assert f"{label}: {AT_PER_LAYER}: {check} <= {per_layer}'s" in res["checks"]
         assert 0 < peaks[ours] < peaks["unmodified graph"]  # recomputation really frees memory
         assert peaks["torch.utils.checkpoint every layer"] < peaks["unmodified graph"]
         ratio = peaks[ours] / peaks["unmodified graph"]
@@ -67,3 +82,20 @@ def test_only_runs_that_section(only: str, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(bench_memory, "bench_lora", lambda *a: ran.append("lora"))
     assert bench_memory.main(["--quick", "--only", only]) == 1  # no check ran: not a pass
     assert ran == [only]
+
+
+def test_equal_memory_plan_below_reach_reports_the_smallest_reachable_peak() -> None:
+    """A peak no plan reaches (1 KB on the tiny GPT) gives no graph, and the record holds the smallest peak the
+    pass reports reachable (parsed from its error), above the budget; a reachable one is planned within it."""
+    from fxforge.benchmarks.bench_memory import MARGIN, capture
+    from fxforge.benchmarks.memory_variants import gpt, plan_equal_memory
+
+    model, inputs, _ = gpt(True)
+    graph = capture(model, inputs)
+    ours, record = plan_equal_memory(graph, inputs, "reference", 1024, MARGIN)
+    assert ours is None and record["unreachable"] and record["budget_bytes"] == int((1 - MARGIN) * 1024)
+    assert record["smallest_reachable_bytes"] is not None and record["smallest_reachable_bytes"] > 1024
+    reachable = int(record["smallest_reachable_bytes"] / (1 - MARGIN)) + 4096
+    ours, record = plan_equal_memory(graph, inputs, "reference", reachable, MARGIN)
+    assert ours is not None and not record.get("unreachable")
+    assert record["planned_peak_bytes"] <= record["budget_bytes"] <= (1 - MARGIN) * reachable
