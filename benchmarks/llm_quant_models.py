@@ -3,7 +3,7 @@
 * The zoo GPT (models/gpt.py) trained by ``models.train_gpt`` on the offline IMDb review text (byte level),
   cached as a state dict in the run directory; measured by perplexity on held-out windows of the test split,
   calibrated on windows of the training split.
-* MiniLM fine-tuned on IMDb (``examples.search_common``: the project's own fine-tune, cached as a checkpoint);
+* MiniLM fine-tuned on IMDb (``benchmarks.minilm_imdb``: the project's own fine-tune, cached as a checkpoint);
   measured by accuracy on held-out test reviews, calibrated on training reviews (``Task.calibration``).
 
 ``quick`` swaps both for tiny models trained for seconds (a smoke run: the numbers mean nothing).
@@ -122,7 +122,7 @@ def gpt_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_windows: int, 
 def minilm_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_reviews: int, train_reviews: int,
                    max_length: int = 128, epochs: float = 1.0, lr: float = 5e-5) -> Subject:
     """MiniLM fine-tuned on IMDb (tiny BERT trained for a few steps with ``quick``); accuracy on held-out reviews."""
-    from ..examples.search_common import HF_NAMES, finetuned_minilm, imdb_task
+    from .minilm_imdb import HF_NAMES, finetuned_minilm, imdb_task
 
     if quick:
         from ..models.bert import tiny_bert

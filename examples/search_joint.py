@@ -46,7 +46,7 @@ import optuna  # noqa: E402
 import torch  # noqa: E402
 
 from fxforge import ForgeGraph  # noqa: E402
-from fxforge.examples.search_common import finetuned_minilm, imdb_task  # noqa: E402
+from fxforge.benchmarks.minilm_imdb import finetuned_minilm, imdb_task  # noqa: E402
 from fxforge.search import (  # noqa: E402
     Constraint,
     JointSpace,

@@ -28,7 +28,7 @@ import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from fxforge.examples.search_common import finetuned_minilm, imdb_task  # noqa: E402
+from fxforge.benchmarks.minilm_imdb import finetuned_minilm, imdb_task  # noqa: E402
 from fxforge.pipelines import Pipeline  # noqa: E402
 from fxforge.search import Constraint, MixedPrecisionSpace, Search  # noqa: E402
 from fxforge.search.objectives import avg_weight_bits  # noqa: E402

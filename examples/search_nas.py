@@ -25,7 +25,7 @@ import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from fxforge import ForgeGraph  # noqa: E402
-from fxforge.examples.search_common import HF_NAMES  # noqa: E402
+from fxforge.benchmarks.minilm_imdb import HF_NAMES  # noqa: E402
 from fxforge.search import NASSpace, Search, TextClassificationTask  # noqa: E402
 
 # tutorial 5's search space (the logbook's), by the real BertConfig field names

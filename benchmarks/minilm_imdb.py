@@ -1,5 +1,6 @@
-"""Shared set-up of the search examples: the offline IMDb task and a fine-tuned MiniLM base graph,
-fine-tuned once and kept as an fxforge checkpoint in the run directory (reused on later runs)."""
+"""The offline IMDb task and a MiniLM classifier fine-tuned on it, kept as an fxforge checkpoint in the run
+directory (reused on later runs): the base of the search examples and of bench_llm_quant (benchmarks sit below
+examples, so it lives here)."""
 
 from __future__ import annotations
 
