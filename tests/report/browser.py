@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fcntl
 import json
 import re
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -17,28 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apt_tool import apt_tool
 
 
 def chromium() -> str:
     """Path of Debian's chromium, installing it with apt-get when missing (fails if impossible)."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        pytest.fail("chromium is not installed and apt-get is not available to install it")
-    # pytest-xdist's workers may both get here: one installs while the other waits on the lock, then finds it
-    with open("/tmp/fxforge-apt-get.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not shutil.which("chromium"):
-            for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env={
-                    "DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
-                if proc.returncode != 0:
-                    pytest.fail(f"chromium could not be installed ({' '.join(cmd)}: {proc.stderr.strip()[-200:]})")
-    found = shutil.which("chromium")
-    if not found:
-        pytest.fail("apt-get installed chromium but no chromium executable is on PATH")
-    return found
+    return apt_tool("chromium", "chromium", "chromium-browser")
 
 
 class Browser:
