@@ -93,6 +93,16 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+def report_plan(info: Any, label: str, digits: int) -> dict[str, Any]:
+    """Print a checkpoint plan's budget, segments, planned peak and recompute; return them for the JSON."""
+    print(f"  fxforge plan ({label}): budget {info.budget_bytes / MB:.1f} MB, {info.segments} segments, planned "
+          f"peak {info.planned_peak_bytes / MB:.1f} of {info.baseline_peak_bytes / MB:.1f} MB, recompute "
+          f"{info.recompute_fraction:.{digits}f} of a forward")
+    return {"budget_bytes": info.budget_bytes, "planned_peak_bytes": info.planned_peak_bytes,
+            "baseline_peak_bytes": info.baseline_peak_bytes, "segments": info.segments,
+            "recompute_fraction": info.recompute_fraction}
+
+
 def plan_lora_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], peft_peak: int
                      ) -> tuple[ForgeGraph, Any, float]:
     """Plan the LoRA graph for ``budget_mb`` = 0.7 x (1 - LORA_MARGIN) x PEFT's measured peak (plan_budget)."""
@@ -199,12 +209,7 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
             ours, info, share = plan_budget(base, inputs, share, peaks["unmodified graph"])
             fx_name = f"fxforge checkpoint {share}x unmodified"
         made["ours"] = ours
-        plan.update(budget_bytes=info.budget_bytes, planned_peak_bytes=info.planned_peak_bytes,
-                    baseline_peak_bytes=info.baseline_peak_bytes, segments=info.segments,
-                    recompute_fraction=info.recompute_fraction)
-        print(f"  fxforge plan ({label}): budget {info.budget_bytes / MB:.1f} MB, {info.segments} segments, planned "
-              f"peak {info.planned_peak_bytes / MB:.1f} of {info.baseline_peak_bytes / MB:.1f} MB, recompute "
-              f"{info.recompute_fraction:.2f} of a forward")
+        plan.update(report_plan(info, label, 2))
         return [Variant(fx_name, loss_step(ours, inputs), [ours.model])]
 
     def compile_variant(peaks: dict[str, int]) -> list[Variant]:
@@ -292,12 +297,7 @@ def bench_lora(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, gr
         else:
             both, info, share = plan_lora_budget(ours, inputs, peaks["PEFT LoRA"])
             name = f"fxforge LoRA + checkpoint {share}x PEFT"
-        planned.update(budget_bytes=info.budget_bytes, planned_peak_bytes=info.planned_peak_bytes,
-                       baseline_peak_bytes=info.baseline_peak_bytes, segments=info.segments,
-                       recompute_fraction=info.recompute_fraction)
-        print(f"  fxforge plan (LoRA): budget {info.budget_bytes / MB:.1f} MB, {info.segments} segments, planned "
-              f"peak {info.planned_peak_bytes / MB:.1f} of {info.baseline_peak_bytes / MB:.1f} MB, recompute "
-              f"{info.recompute_fraction:.3f} of a forward")
+        planned.update(report_plan(info, "LoRA", 3))
         return [Variant(name, loss_step(both, inputs), [both.model])]
 
     res = run_section(f"LoRA fine-tuning, {label} (rank {LORA_RANK}, {', '.join(LORA_TARGETS)} + head)",
