@@ -12,7 +12,7 @@ _LAZY = {"DDPError": "ddp", "DDPOptions": "ddp", "init_group": "ddp", "launch": 
          "shard_rows": "ddp", "shard_weight": "ddp",
          "PipelineError": "pipeline", "PipelineResult": "pipeline", "pipeline_run": "pipeline",
          "pipeline_train_step": "pipeline", "PipelineJob": "pipeline", "pipeline_job": "pipeline",
-         "run_pipeline_jobs": "pipeline"}
+         "run_pipeline_jobs": "pipeline", "VocabLayers": "vocab_parallel"}
 _LAZY.update({name: "tensor_parallelism" for name in (
     "TPBlock", "TensorParallelError", "TensorParallelInfo", "TensorParallelPlan", "localize_graph", "tensor_parallel",
     "tensor_parallel_plan")})

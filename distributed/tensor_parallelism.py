@@ -14,6 +14,8 @@ captured graph spells them as numbers. A fused q/k/v layer has its rows reordere
 The graph is changed in place (like ``parallelize_module``); its recorded metadata keeps the global shapes.
 Keeping DTensors between the layers instead (``use_local_output=False``, no rewrite) fails on every graph tried
 (torch 2.13): SDPA's mask and RoPE's tables are plain tensors, and DTensor refuses mixing them.
+The large embedding tables and a language model's head are split by rows too (distributed/vocab_parallel.py;
+``vocab_parallel=False`` keeps them whole).
 (``fxforge.distributed.tensor_parallel`` is the function: this module has another name so the two never clash.)
 """
 
@@ -30,6 +32,7 @@ from ..passes.prune.ffn import ffn_layers
 from ..passes.prune.groups import DependencyGraph, GroupError, analyse_dependencies
 from ..passes.prune.shrink import resize_literal_sizes
 from ..passes.rewrite import GraphRewrite
+from .vocab_parallel import VocabLayers, VocabParallelError, vocab_layers
 
 __all__ = ["TPBlock", "TensorParallelError", "TensorParallelInfo", "TensorParallelPlan", "localize_graph",
            "tensor_parallel", "tensor_parallel_plan"]
@@ -55,7 +58,8 @@ class TPBlock:
 class TensorParallelPlan:
     """What ``tensor_parallel`` does on ``world_size`` ranks: the blocks, every column-/row-wise layer, the row
     order of column-wise layers whose groups are not contiguous (a fused q/k/v), the column order of row-wise
-    ones, and for each rank the bool per dependency unit saying it lives on another rank."""
+    ones, for each rank the bool per dependency unit saying it lives on another rank, and the embeddings and
+    heads split by vocabulary rows."""
 
     world_size: int
     blocks: tuple[TPBlock, ...]
@@ -65,6 +69,7 @@ class TensorParallelPlan:
     col_order: dict[str, tuple[int, ...]]
     elsewhere: torch.Tensor  # [world_size, units + 1] bool (the trailing column: "no unit", never elsewhere)
     dep: DependencyGraph = field(repr=False, compare=False)  # the labels the local sizes are rewritten from
+    vocab: VocabLayers = VocabLayers()
 
 
 @dataclass(frozen=True)
@@ -165,9 +170,10 @@ def _consumers(dep: DependencyGraph, roots: set[int]) -> list[str]:
     return [p for p, cols in dep.columns.items() if any(dep.find(u) in roots for u in cols.values())]
 
 
-def tensor_parallel_plan(mg: ForgeGraph, world_size: int) -> TensorParallelPlan:
+def tensor_parallel_plan(mg: ForgeGraph, world_size: int, vocab_parallel: bool = True) -> TensorParallelPlan:
     """The tensor-parallel plan of ``mg`` over ``world_size`` ranks, from its dependency groups alone (no
-    process group needed); a head or unit count ``world_size`` does not divide is refused naming the layer."""
+    process group needed); a head or unit count ``world_size`` does not divide is refused naming the layer. With
+    ``vocab_parallel`` the large embeddings and their heads are split by rows too (an unsplittable one refused)."""
     if type(world_size) is not int or world_size < 1:
         raise TensorParallelError(f"tensor_parallel: world_size must be an integer >= 1, got {world_size!r}")
     try:
@@ -199,8 +205,12 @@ def tensor_parallel_plan(mg: ForgeGraph, world_size: int) -> TensorParallelPlan:
             elsewhere[:, u] = True
             elsewhere[s, u] = False
     moved = {p: o for p, o in rows.items() if o != tuple(range(len(o)))}
+    try:
+        vocab = vocab_layers(mg.model, world_size, set(rows) | set(cols)) if vocab_parallel else VocabLayers()
+    except VocabParallelError as exc:
+        raise TensorParallelError(str(exc)) from None
     return TensorParallelPlan(world_size, tuple(blocks), tuple(rows), tuple(cols), moved,
-                              {p: o for p, o in cols.items() if o != tuple(range(len(o)))}, elsewhere, dep)
+                              {p: o for p, o in cols.items() if o != tuple(range(len(o)))}, elsewhere, dep, vocab)
 
 
 def _local(p: torch.Tensor) -> int:
@@ -238,13 +248,14 @@ def localize_graph(mg: ForgeGraph, plan: TensorParallelPlan, rank: int) -> Forge
     return mg
 
 
-def tensor_parallel(mg: ForgeGraph, mesh: Any = None,
-                    plan: TensorParallelPlan | None = None) -> tuple[ForgeGraph, TensorParallelInfo]:
+def tensor_parallel(mg: ForgeGraph, mesh: Any = None, plan: TensorParallelPlan | None = None,
+                    vocab_parallel: bool = True) -> tuple[ForgeGraph, TensorParallelInfo]:
     """Split ``mg`` over the ranks of the 1-D DeviceMesh ``mesh`` (default: every rank of the initialised
     process group, on CUDA when present) with ``parallelize_module``; every rank must call it on the same
-    graph. Returns the graph (changed in place) and what this rank holds."""
+    graph. Returns the graph (changed in place) and what this rank holds. ``vocab_parallel``: see the plan."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     if mesh is None:
@@ -256,17 +267,20 @@ def tensor_parallel(mg: ForgeGraph, mesh: Any = None,
         raise TensorParallelError(f"tensor_parallel: the mesh must be 1-D (slice a {mesh.ndim}-D mesh first, "
                                   "e.g. mesh['tp'])")
     world, rank = mesh.size(), mesh.get_local_rank()
-    plan = plan or tensor_parallel_plan(mg, world)
+    plan = plan or tensor_parallel_plan(mg, world, vocab_parallel)
     if plan.world_size != world:
         raise TensorParallelError(f"tensor_parallel: the plan is for {plan.world_size} ranks, the mesh has {world}")
     gm = mg.model
     params_global = sum(p.numel() for p in gm.parameters())
-    sharded_global = sum(_linear(gm, p).weight.numel() for p in plan.colwise + plan.rowwise)
+    split = plan.colwise + plan.rowwise + plan.vocab.embeddings + plan.vocab.heads
+    sharded_global = sum(gm.get_submodule(p).weight.numel() for p in split)
     localize_graph(mg, plan, rank)
     styles: dict[str, Any] = {p: ColwiseParallel() for p in plan.colwise}
     styles.update({p: RowwiseParallel() for p in plan.rowwise})
+    styles.update({p: RowwiseParallel(input_layouts=Replicate()) for p in plan.vocab.embeddings})  # ids whole
+    styles.update({p: ColwiseParallel(output_layouts=Replicate()) for p in plan.vocab.heads})  # logits gathered
     parallelize_module(gm, mesh, styles)
-    sharded = [_linear(gm, p).weight for p in plan.colwise + plan.rowwise]
+    sharded = [gm.get_submodule(p).weight for p in split]
     info = TensorParallelInfo(plan, rank, sharded_global, sum(_local(w) for w in sharded), params_global,
                               sum(_local(p) for p in gm.parameters()))
     return mg, info

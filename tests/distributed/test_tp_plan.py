@@ -4,6 +4,8 @@ world size that does not divide a layer's heads."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn as nn
@@ -11,7 +13,7 @@ from conftest import make_gpt, make_tiny_bert
 from hf_tiny import tiny_hf
 
 from fxforge import ForgeGraph
-from fxforge.distributed import TensorParallelError, localize_graph, tensor_parallel_plan
+from fxforge.distributed import TensorParallelError, VocabLayers, localize_graph, tensor_parallel_plan
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,37 @@ def test_heads_not_divisible_are_refused_naming_the_layer(graphs: dict[str, Forg
                                                           layer: str) -> None:
     with pytest.raises(TensorParallelError, match=layer + ".*use a world size that divides"):
         tensor_parallel_plan(graphs[model], world)
+
+
+def test_large_embeddings_and_vocabulary_heads_are_split_by_rows(graphs: dict[str, ForgeGraph]) -> None:
+    assert tensor_parallel_plan(graphs["gpt"], 2).vocab == VocabLayers(("wte",), ("lm_head",))
+    assert tensor_parallel_plan(graphs["llama"], 2).vocab == VocabLayers(("model.embed_tokens",), ("lm_head",))
+    # tiny BERT: its word and 64 position rows are each over 1 % of the parameters; the 2 token types and the
+    # 2-way classifier (no table's vocabulary) stay whole
+    assert tensor_parallel_plan(graphs["bert"], 2).vocab == VocabLayers(
+        ("bert.embeddings.word_embeddings", "bert.embeddings.position_embeddings"), ())
+    assert tensor_parallel_plan(graphs["gpt"], 2, vocab_parallel=False).vocab == VocabLayers()
+
+
+def _tied(model: nn.Module) -> None:
+    model.lm_head.weight = model.wte.weight
+
+
+def _renormalised(model: nn.Module) -> None:
+    model.wte.max_norm = 1.0
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (_tied, r"embedding 'wte' shares its weight with lm_head\.weight \(tied weights\)"),
+    (_renormalised, r"embedding 'wte' renormalises the rows it looks up \(max_norm=1\.0\)"),
+])
+def test_an_embedding_that_cannot_be_split_is_refused_naming_it(change: Any, message: str) -> None:
+    model = make_gpt()
+    change(model)
+    mg = ForgeGraph(model, example_inputs=(torch.randint(0, 64, (2, 16)),)).eval()
+    with pytest.raises(TensorParallelError, match=message + r".*vocab_parallel=False"):
+        tensor_parallel_plan(mg, 2)
+    assert tensor_parallel_plan(mg, 2, vocab_parallel=False).vocab == VocabLayers()
 
 
 def _sizes(mg: ForgeGraph, name: str) -> list[object]:

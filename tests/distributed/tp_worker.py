@@ -41,20 +41,22 @@ def run_rank(rank: int, world: int, port: int, workdir: str, models: list[str]) 
             with torch.no_grad():
                 out = _logits(mg(**io["inputs"][name]))
             exact = True
-            for path in info.plan.colwise + info.plan.rowwise:
+            vocab = info.plan.vocab.embeddings + info.plan.vocab.heads  # split by rows (torch.chunk's sizes)
+            for path in info.plan.colwise + info.plan.rowwise + vocab:
                 w = whole[f"{path}.weight"]
                 if path in info.plan.row_order:
                     w = w[torch.tensor(info.plan.row_order[path])]
                 if path in info.plan.col_order:
                     w = w[:, torch.tensor(info.plan.col_order[path])]
-                dim = 0 if path in info.plan.colwise else 1
+                dim = 1 if path in info.plan.rowwise else 0
                 mine = w.chunk(world, dim=dim)[rank]
                 exact &= torch.equal(mg.model.get_submodule(path).weight.to_local(), mine)
             report[name] = {"max_abs_diff": float((out - io["reference"][name]).abs().max()),
                             "sharded_global": info.sharded_global, "sharded_local": info.sharded_local,
                             "params_global": info.params_global, "params_local": info.params_local,
                             "shards_exact": exact, "colwise": list(info.plan.colwise),
-                            "rowwise": list(info.plan.rowwise)}
+                            "rowwise": list(info.plan.rowwise), "embeddings": list(info.plan.vocab.embeddings),
+                            "heads": list(info.plan.vocab.heads)}
     finally:
         (root / f"rank{rank}.json").write_text(json.dumps(report))
         dist.destroy_process_group()
