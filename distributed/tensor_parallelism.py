@@ -219,6 +219,13 @@ def _local(p: torch.Tensor) -> int:
     return int(to_local().numel()) if callable(to_local) else int(p.numel())
 
 
+def _weight(gm: nn.Module, path: str) -> torch.Tensor:
+    """The weight of the split layer at ``path`` (a Linear's or an Embedding's; a DTensor once split)."""
+    weight = gm.get_submodule(path).weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
 def _reorder(gm: nn.Module, plan: TensorParallelPlan) -> None:
     """Permute rows / columns so each rank's contiguous shard holds its own groups (a fused q/k/v layer)."""
     with torch.no_grad():
@@ -273,14 +280,14 @@ def tensor_parallel(mg: ForgeGraph, mesh: Any = None, plan: TensorParallelPlan |
     gm = mg.model
     params_global = sum(p.numel() for p in gm.parameters())
     split = plan.colwise + plan.rowwise + plan.vocab.embeddings + plan.vocab.heads
-    sharded_global = sum(gm.get_submodule(p).weight.numel() for p in split)
+    sharded_global = sum(_weight(gm, p).numel() for p in split)
     localize_graph(mg, plan, rank)
     styles: dict[str, Any] = {p: ColwiseParallel() for p in plan.colwise}
     styles.update({p: RowwiseParallel() for p in plan.rowwise})
     styles.update({p: RowwiseParallel(input_layouts=Replicate()) for p in plan.vocab.embeddings})  # ids whole
     styles.update({p: ColwiseParallel(output_layouts=Replicate()) for p in plan.vocab.heads})  # logits gathered
     parallelize_module(gm, mesh, styles)
-    sharded = [gm.get_submodule(p).weight for p in split]
+    sharded = [_weight(gm, p) for p in split]
     info = TensorParallelInfo(plan, rank, sharded_global, sum(_local(w) for w in sharded), params_global,
                               sum(_local(p) for p in gm.parameters()))
     return mg, info

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
@@ -33,7 +34,7 @@ class VocabLayers:
     heads: tuple[str, ...] = ()
 
 
-def _shared_with(gm: fx.GraphModule, path: str, weight: nn.Parameter) -> list[str]:
+def _shared_with(gm: fx.GraphModule, path: str, weight: torch.Tensor) -> list[str]:
     """Other places that reach ``weight``: modules sharing the Parameter (tied weights), get_attr nodes reading it."""
     own = f"{path}.weight"
     others = [name for name, p in gm.named_parameters(remove_duplicate=False) if p is weight and name != own]
