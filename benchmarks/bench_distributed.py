@@ -1,11 +1,14 @@
-"""Pipeline inference on N = 1, 2, 4 processes with the same total threads: throughput and per-rank memory (issue 32).
+"""Pipeline and tensor-parallel inference on N = 1, 2, 4 processes with the same total threads: throughput and
+per-rank memory (issue 32).
 
     .venv/bin/python -m fxforge.benchmarks.bench_distributed            # MiniLM classifier 32x128, zoo GPT 32x64
     .venv/bin/python -m fxforge.benchmarks.bench_distributed --quick    # tiny models, one round (the unit test)
 
 N = 1 is the unsplit graph in one process with every thread (the baseline); N > 1 splits the checkpoint's graph into
-N time-balanced stages, one rank each (as ``fxforge pipeline-run`` does), and runs GPipe and 1F1B over microbatches;
-each rank gets total threads / N (at least one: N beyond the cores oversubscribes them, and the report says so).
+N time-balanced stages, one rank each (as ``fxforge pipeline-run`` does), and runs GPipe and 1F1B over microbatches,
+and splits it with ``tensor_parallel`` ("tp": heads, FFN units, large embeddings and a vocabulary head sharded,
+the whole batch on every rank); each rank gets total threads / N (at least one: N beyond the cores oversubscribes
+them, and the report says so).
 Every launch runs all models and schedules in interleaved repeats (benchmarks/distributed_ranks.py); launches run
 in rounds (N = 1, 2, 4, then again), each number the median over rounds of a launch's median step time. Reported per
 N: step time, samples/s and throughput relative to N = 1; the largest rank's parameter bytes relative to N = 1's;
@@ -30,13 +33,14 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from fxforge.benchmarks.distributed_ranks import BenchModel, RankMeasure, RankSpec, rank_entry  # noqa: E402
+from fxforge.benchmarks.distributed_ranks import BenchModel, RankMeasure, RankSpec, held_key, rank_entry  # noqa: E402
 
-__all__ = ["THROUGHPUT_TARGET", "PARAMS_TARGET", "main", "summarize"]
+__all__ = ["PARAMS_TARGET", "SCHEDULES", "THROUGHPUT_TARGET", "both_met", "main", "summarize"]
 
 THROUGHPUT_TARGET = 0.85  # at N = 2: throughput / one process with every thread, at least
 PARAMS_TARGET = 0.55  # at N = 2: the largest rank's parameter bytes / the whole model's, at most
 MIB = 2**20
+SCHEDULES = ("gpipe", "1f1b", "tp")
 
 
 def machine_line(total_threads: int) -> str:
@@ -49,8 +53,9 @@ def machine_line(total_threads: int) -> str:
     return f"CPU: {cpu}, {os.cpu_count()} cores, {total_threads} threads in total; load average {load}{gpu}"
 
 
-def _models(quick: bool, workdir: Path) -> tuple[BenchModel, ...]:
-    """The MiniLM classifier and the zoo GPT (tiny BERT and GPT with --quick), captured and checkpointed."""
+def _models(quick: bool, workdir: Path, rows: int | None = None) -> tuple[BenchModel, ...]:
+    """The MiniLM classifier and the zoo GPT (tiny BERT and GPT with --quick), captured and checkpointed; ``rows``
+    overrides the batch size."""
     from fxforge import ForgeGraph
     from fxforge.models.bert import minilm_for_sequence_classification, tiny_bert
     from fxforge.models.gpt import GPT, GPTConfig
@@ -60,12 +65,13 @@ def _models(quick: bool, workdir: Path) -> tuple[BenchModel, ...]:
     if quick:
         bert: torch.nn.Module = tiny_bert(vocab_size=100, num_attention_heads=4, max_position_embeddings=64).eval()
         torch.manual_seed(0)
-        gpt: torch.nn.Module = GPT(GPTConfig(vocab_size=64, sequence_length=32, n_layer=2, n_head=2, n_embd=32)).eval()
+        gpt: torch.nn.Module = GPT(GPTConfig(vocab_size=64, sequence_length=32, n_layer=2, n_head=4, n_embd=32)).eval()
         names, vocab, (batch, seq), gseq = ("tiny BERT", "tiny GPT"), (100, 64), (8, 16), 16
     else:
         bert = minilm_for_sequence_classification(num_labels=2, seed=0).eval()
         gpt = build("gpt").model
         names, vocab, (batch, seq), gseq = ("MiniLM classifier", "zoo GPT"), (30522, 256), (32, 128), 64
+    batch = rows or batch
     bert_in = {"input_ids": torch.randint(0, vocab[0], (batch, seq), generator=gen),
                "attention_mask": torch.ones(batch, seq, dtype=torch.long)}
     gpt_in = {"idx": torch.randint(0, vocab[1], (batch, gseq), generator=gen)}
@@ -88,21 +94,22 @@ def summarize(runs: dict[int, list[list[dict[str, Any]]]], models: list[str], sc
         base_held = max(r["held"][model] for r in runs[1][0])
         for n in sorted(runs):
             for schedule in (["forward"] if n == 1 else schedules):
-                variant = f"{model}/{schedule}"
+                variant, key = f"{model}/{schedule}", held_key(model, schedule)
                 last = runs[n][-1]  # memory: the last round's launch (every round loads alike)
                 ms = med_ms(n, variant)
-                held = [r["held"][model] for r in last]
+                held = [r["held"][key] for r in last]
                 rows.append({"model": model, "schedule": schedule, "n": n, "threads": last[0]["threads"], "ms": ms,
                              "samples_per_s": batch[model] / (ms / 1e3), "rel_throughput": base_ms / ms,
                              "held": held, "held_ratio": max(held) / base_held,
-                             "load_peak": [r["load_peak"][model] for r in last],
+                             "load_peak": [r["load_peak"][key] for r in last],
                              "run_peak": [r["run_peak"][variant] for r in last],
                              "cuts": last[0]["cuts"].get(model, [])})
     return rows
 
 
 def checks(rows: list[dict[str, Any]]) -> dict[str, bool]:
-    """The targets at N = 2, one fact per model and schedule (throughput) and per model (parameters)."""
+    """The targets at N = 2, one fact per model and schedule (throughput) and per model and split (parameters: the
+    pipeline's stages, shared by its schedules, or tensor parallelism's shards)."""
     out: dict[str, bool] = {}
     for row in rows:
         if row["n"] != 2:
@@ -110,10 +117,17 @@ def checks(rows: list[dict[str, Any]]) -> dict[str, bool]:
         key = f"{row['model']} {row['schedule']} N=2: throughput {row['rel_throughput']:.2f}x of N=1 (target >= " \
               f"{THROUGHPUT_TARGET}x)"
         out[key] = row["rel_throughput"] >= THROUGHPUT_TARGET
-        key = f"{row['model']} N=2: largest rank's parameters {row['held_ratio']:.3f}x of N=1 (target <= " \
+        split = "tensor parallel" if row["schedule"] == "tp" else "pipeline"
+        key = f"{row['model']} {split} N=2: largest rank's parameters {row['held_ratio']:.3f}x of N=1 (target <= " \
               f"{PARAMS_TARGET}x)"
         out[key] = row["held_ratio"] <= PARAMS_TARGET
     return out
+
+
+def both_met(rows: list[dict[str, Any]]) -> list[str]:
+    """The N = 2 configurations (model and schedule) meeting the throughput and the parameter target together."""
+    return [f"{r['model']} {r['schedule']}" for r in rows if r["n"] == 2 and r["rel_throughput"] >= THROUGHPUT_TARGET
+            and r["held_ratio"] <= PARAMS_TARGET]
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -138,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--microbatches", type=int, default=None, help="default 8 (4 with --quick)")
     parser.add_argument("--balance", choices=("time", "memory", "params"), default="time",
                         help="what split_stages_transform_pass balances across the stages")
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
+                        help="pipeline schedules and tensor parallelism (tp) to run at N > 1")
+    parser.add_argument("--models", nargs="+", choices=("minilm", "gpt"), default=["minilm", "gpt"],
+                        help="which models to run (the MiniLM classifier / tiny BERT, the zoo GPT / tiny GPT)")
+    parser.add_argument("--batch", type=int, default=None, help="rows per step (default 32, 8 with --quick)")
     parser.add_argument("--timeout", type=float, default=300.0, help="process-group timeout, seconds")
     parser.add_argument("--json", type=Path, help="also write the raw measures and rows here")
     args = parser.parse_args(argv)
@@ -156,11 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         if n > args.threads:
             notes.append(f"N={n}: {n} ranks x 1 thread on {args.threads} threads' worth of cores: oversubscribed")
     with tempfile.TemporaryDirectory(prefix="bench-distributed-") as tmp:
-        models = _models(args.quick, Path(tmp))
+        built = dict(zip(("minilm", "gpt"), _models(args.quick, Path(tmp), args.batch), strict=True))
+        models = tuple(built[name] for name in ("minilm", "gpt") if name in args.models)
         runs: dict[int, list[list[dict[str, Any]]]] = {n: [] for n in ranks}
         for _ in range(rounds):
             for n in ranks:
-                spec = RankSpec(models=models, schedules=("gpipe", "1f1b"), microbatches=max(micro, n),
+                spec = RankSpec(models=models, schedules=tuple(args.schedules), microbatches=max(micro, n),
                                 repeats=repeats, warmup=1, threads=max(1, args.threads // n), timeout=args.timeout,
                                 balance=args.balance)
                 result = launch(rank_entry, (spec,), DDPOptions(nproc=n, timeout=args.timeout, threads=spec.threads,
@@ -168,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 measures: list[RankMeasure] = [result[r] for r in sorted(result)]
                 runs[n].append([asdict(m) for m in measures])
         batch = {m.name: next(iter(m.inputs.values())).shape[0] for m in models}
-    rows = summarize(runs, [m.name for m in models], ["gpipe", "1f1b"], batch)
+    rows = summarize(runs, [m.name for m in models], list(args.schedules), batch)
     facts = checks(rows)
     kind = runs[1][0][0]["peak_kind"]
     per_n = ", ".join(f"N={n}: {max(micro, n)}" for n in ranks if n > 1)
@@ -186,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  cuts {row['model']} N={row['n']}: {', '.join(row['cuts'])}")
     for text, ok in facts.items():
         print(f"{'met    ' if ok else 'NOT met'} {text}")
+    if 2 in ranks:
+        print(f"both targets at N=2: {', '.join(both_met(rows)) or 'none'}")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine_line(args.threads), "quick": args.quick,
                                          "batch": batch, "rows": rows, "checks": facts,

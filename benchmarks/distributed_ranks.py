@@ -2,7 +2,9 @@
 
 N = 1 runs the unsplit graph in one process (the baseline); N > 1 cuts the checkpoint's graph into N stages the
 way ``pipeline_run`` does (distributed/pipeline_rank: rank 0 chooses time-balanced cuts, every rank keeps only its
-stage) and runs ``torch.distributed.pipelining``'s GPipe / 1F1B schedules over microbatches. A step is timed between
+stage) and runs ``torch.distributed.pipelining``'s GPipe / 1F1B schedules over microbatches, and (schedule "tp")
+splits it with ``tensor_parallel`` (heads, FFN units, the large embeddings and a vocabulary head over the ranks),
+every rank running the whole batch. A step is timed between
 two barriers (every rank done), so the time is the pipeline's, not one rank's. Memory: the parameter bytes a rank
 holds (every live nn.Parameter), and the peak resident set (CPU: the kernel's high-water mark, reset through
 /proc/self/clear_refs) or the CUDA allocator's peak (GPU), while loading and while stepping.
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BenchModel", "RankMeasure", "RankSpec", "rank_entry"]
+__all__ = ["BenchModel", "RankMeasure", "RankSpec", "held_key", "rank_entry"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class RankSpec:
 class RankMeasure:
     """One rank's numbers. ``times``: seconds per step by variant (``model/schedule``; ``model/forward`` at N=1),
     interleaved rounds in run order; ``held`` / ``total``: parameter bytes this rank holds / the whole graph has;
-    ``load_peak`` (by model) and ``run_peak`` (by variant): peak memory bytes, of ``peak_kind``."""
+    ``load_peak`` (by model) and ``run_peak`` (by variant): peak memory bytes, of ``peak_kind``. A tensor-parallel
+    build's ``held`` / ``load_peak`` are keyed ``model/tp`` (``held_key``)."""
 
     rank: int
     world: int
@@ -64,6 +67,12 @@ class RankMeasure:
     load_peak: dict[str, int] = field(default_factory=dict)
     run_peak: dict[str, int] = field(default_factory=dict)
     cuts: dict[str, list[str]] = field(default_factory=dict)
+
+
+def held_key(model: str, schedule: str) -> str:
+    """The key of a variant's ``held`` / ``load_peak``: the model's (its pipeline stage, or the whole graph at
+    N = 1), or ``model/tp`` for the tensor-parallel build."""
+    return f"{model}/tp" if schedule == "tp" else model
 
 
 def _reset_peak(device: torch.device) -> None:
@@ -112,6 +121,28 @@ def _timed(step: Callable[[], Any], device: torch.device) -> Callable[[], float]
     return run
 
 
+def _build_tp(model: BenchModel, device: torch.device, out: RankMeasure) -> Callable[[], Any]:
+    """This rank's tensor-parallel share of ``model`` and its step (the whole batch); records held bytes and the
+    load peak under ``model/tp``."""
+    from fxforge.distributed.pipeline_rank import held_parameter_bytes
+    from fxforge.distributed.tensor_parallelism import tensor_parallel
+    from fxforge.graph.forge_graph import ForgeGraph
+    from fxforge.graph.inputs import ExampleInputs
+    from fxforge.passes.propagate import flat_inputs
+
+    before = held_parameter_bytes()
+    _reset_peak(device)
+    mg = ForgeGraph.from_checkpoint(model.checkpoint).eval()
+    mg.model.to(device)
+    mg, _ = tensor_parallel(mg)
+    graph = mg.model
+    flat = [t.to(device) for t in flat_inputs(graph, ExampleInputs.coerce(dict(model.inputs)))]
+    key = held_key(model.name, "tp")
+    out.held[key] = held_parameter_bytes() - before
+    out.load_peak[key] = _peak(device)
+    return functools.partial(graph, *flat)
+
+
 def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: torch.device,
            out: RankMeasure) -> dict[str, Callable[[], Any]]:
     """This rank's share of ``model`` and one step function per variant; records held bytes and the load peak."""
@@ -149,12 +180,16 @@ def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: tor
         args = flat if rank == 0 else []
         steps = {}
         for name in spec.schedules:
+            if name == "tp":
+                continue
             cls = ScheduleGPipe if name == "gpipe" else Schedule1F1B
             stage = PipelineStage(module, rank, world, device, input_args=ins, output_args=outs)
             schedule = cls(stage, n_microbatches=spec.microbatches)
             steps[f"{model.name}/{name}"] = functools.partial(schedule.step, *args)
     out.held[model.name] = held_parameter_bytes() - before
     out.load_peak[model.name] = _peak(device)
+    if world > 1 and "tp" in spec.schedules:
+        steps[f"{model.name}/tp"] = _build_tp(model, device, out)
     return steps
 
 

@@ -75,12 +75,14 @@ class RankReport:
 
 
 def held_parameter_bytes() -> int:
-    """Bytes of every nn.Parameter alive in this process (each storage once): what the rank really holds."""
+    """Bytes of every nn.Parameter alive in this process (each storage once): what the rank really holds. A
+    tensor-parallel parameter is a DTensor flagged as a parameter (not an nn.Parameter): its local shard counts."""
     gc.collect()
     seen: dict[int, int] = {}
     for obj in gc.get_objects():
-        if issubclass(type(obj), nn.Parameter):  # not isinstance: its instance check touches deprecated objects
-            storage = obj.untyped_storage()
+        kind = type(obj)  # not isinstance: its instance check touches deprecated objects
+        if issubclass(kind, nn.Parameter) or (issubclass(kind, torch.Tensor) and getattr(obj, "_is_param", False)):
+            storage = getattr(obj, "_local_tensor", obj).untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 

@@ -16,7 +16,7 @@ import torch
 from conftest import make_gpt
 
 from fxforge import ForgeGraph
-from fxforge.benchmarks.bench_distributed import PARAMS_TARGET, THROUGHPUT_TARGET, checks, main, summarize
+from fxforge.benchmarks.bench_distributed import PARAMS_TARGET, THROUGHPUT_TARGET, both_met, checks, main, summarize
 from fxforge.benchmarks.distributed_ranks import BenchModel, RankSpec, rank_entry
 from fxforge.distributed.ddp import free_port
 
@@ -53,24 +53,36 @@ def test_quick_bench_rows_follow_from_the_measures(tmp_path: Path, capsys: pytes
     assert lines[0].startswith("CPU: ") and "load average" in lines[0] and "N=4" in text and "oversubscribed" in text
     runs = res["runs"]
     assert sorted(runs) == ["1", "2", "4"] and all(len(runs[n][0]) == int(n) for n in runs)
-    facts = {}
+    facts, both = {}, []
     for model in res["batch"]:
         base_ms = 1e3 * statistics.median(runs["1"][0][0]["times"][f"{model}/forward"])
         base_held = runs["1"][0][0]["held"][model]
         for n in ("2", "4"):
             ranks = runs[n][0]
-            held = [r["held"][model] for r in ranks]
-            assert max(held) < base_held  # each rank really holds only its stage
-            for schedule in ("gpipe", "1f1b"):
+            for schedule in ("gpipe", "1f1b", "tp"):
+                held = [r["held"][model + ("/tp" if schedule == "tp" else "")] for r in ranks]
+                assert max(held) < base_held  # each rank really holds only its stage / its shards
                 ms = 1e3 * statistics.median(ranks[0]["times"][f"{model}/{schedule}"])
                 rel, ratio = base_ms / ms, max(held) / base_held
                 row = rf"^  {re.escape(model)} +{schedule} +{n} +\d+ +{ms:.2f} +[\d.]+ +{rel:.2f}x +{ratio:.3f}x "
                 assert re.search(row, text, re.M), row
                 if n == "2":
+                    split = "tensor parallel" if schedule == "tp" else "pipeline"
                     facts[f"{model} {schedule} N=2: throughput {rel:.2f}x of N=1"] = rel >= THROUGHPUT_TARGET
-                    facts[f"{model} N=2: largest rank's parameters {ratio:.3f}x of N=1"] = ratio <= PARAMS_TARGET
+                    facts[f"{model} {split} N=2: largest rank's parameters {ratio:.3f}x of N=1"] = \
+                        ratio <= PARAMS_TARGET
+                    if rel >= THROUGHPUT_TARGET and ratio <= PARAMS_TARGET:
+                        both.append(f"{model} {schedule}")
     printed = re.findall(r"^(met    |NOT met) (.*) \(target", text, re.M)
-    assert len(printed) == len(res["checks"]) == 6
+    assert len(printed) == len(res["checks"]) == 10  # per model: 3 throughputs, the pipeline's and tp's parameters
     for verdict, what in printed:
         assert facts[what] == (verdict == "met    "), what
+    assert f"both targets at N=2: {', '.join(both) or 'none'}" in lines
     assert code == (0 if all(facts.values()) else 1)
+
+
+def test_both_targets_name_the_configurations_meeting_them_together() -> None:
+    def row(schedule: str, n: int, rel: float, ratio: float) -> dict[str, object]:
+        return {"model": "m", "schedule": schedule, "n": n, "rel_throughput": rel, "held_ratio": ratio}
+    rows = [row("gpipe", 2, 0.9, 0.6), row("1f1b", 2, 0.8, 0.5), row("tp", 2, 0.86, 0.51), row("tp", 4, 0.9, 0.3)]
+    assert both_met(rows) == ["m tp"]
