@@ -7,8 +7,11 @@ With grad enabled the region runs ``checkpoint(body, *inputs, use_reentrant=Fals
 only its inputs are kept for backward, its internals are recomputed with the RNG state of the forward, so
 random ops replay the same draws; F.dropout (nn.Dropout) keeps its mask as bits instead of redrawing it
 (passes/memory/dropout_tape.py: the CPU draw dominated a recomputed dropout's cost). Without grad (eval,
-metadata passes) the body simply runs. The rewrite engine's unused-module clean-up
-(passes/rewrite.delete_unused_submodules) keeps the aliased layers at their own paths.
+metadata passes) the body simply runs. Under torch.compile the region is a plain checkpoint (no tape: a mode
+mutated inside the checkpoint breaks dynamo's graph): dynamo traces it as a checkpointed region, AOTAutograd's
+partitioner recomputes it in backward and replays its random ops from the RNG state it saved in forward. The
+rewrite engine's unused-module clean-up (passes/rewrite.delete_unused_submodules) keeps the aliased layers at
+their own paths.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class CheckpointRegion(nn.Module):
         self.inputs = inputs
         self._graph = graph
         self._body: tuple[tuple[int, ...], fx.GraphModule] | None = None
+        self.body()  # built now: torch.compile cannot trace building a GraphModule (a graph break per region)
 
     def body(self) -> fx.GraphModule:
         """The graph as a GraphModule over the current children (rebuilt when a child was replaced, e.g. by
@@ -54,6 +58,8 @@ class CheckpointRegion(nn.Module):
         if len(args) != self.inputs:
             raise TypeError(f"CheckpointRegion takes {self.inputs} inputs, got {len(args)}")
         body, inputs = self.body(), args
+        if torch.compiler.is_compiling():  # dynamo traces the checkpoint into a region AOTAutograd recomputes
+            return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)
         if torch.is_grad_enabled():
             if self.training and _has_dropout(self._graph, self):  # a tape per call: the forward's masks as bits
                 return torch.utils.checkpoint.checkpoint(DropoutTape().run, body, *inputs, use_reentrant=False,
@@ -117,6 +123,8 @@ def _from_config(config: dict[str, Any]) -> CheckpointRegion:
     # _build_graph resolves call targets through get_submodule only, which any nn.Module has
     region._graph = _build_graph(cast(fx.GraphModule, region), {"nodes": config["nodes"], "codegen": config["codegen"]},
                                  CHECKPOINT_SCHEMA_VERSION)
+    region._body = None  # the body built in __init__ ran the empty graph
+    region.body()
     return region
 
 

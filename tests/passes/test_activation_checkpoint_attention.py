@@ -2,7 +2,7 @@
 with dropout_p > 0 (HF BERT's attention dropout) are recomputed, and the recomputation replays the forward's RNG
 state, so outputs and gradients are bitwise those of the unmodified graph in training mode (tiny BERT and a
 MiniLM-shaped BERT, two shapes each); the planner's smallest reachable peak is at least as low as checkpointing
-every encoder layer."""
+every encoder layer; under torch.compile the regions are traced whole and replay dropout too."""
 
 from __future__ import annotations
 
@@ -89,3 +89,36 @@ def test_smallest_reachable_is_at_most_every_layer_checkpointing() -> None:
     every_layer = plan_of(costs, tuple(segments))
     assert every_layer.peak < costs.baseline_peak
     assert plan_checkpoints(costs, None)[1] <= every_layer.peak, (every_layer.peak / MB, segments)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\.script_method.* is deprecated:DeprecationWarning")  # inductor's
+def test_regions_compile_without_graph_breaks_and_replay_dropout() -> None:
+    """Under torch.compile a region is a plain checkpoint dynamo traces whole (no graph break) and AOTAutograd
+    recomputes, replaying its random ops from the state saved in forward: with inductor drawing through aten
+    (fallback_random), the compiled checkpointed tiny BERT's outputs and gradients match the eager unmodified
+    graph's under the same seed, dropout on, at two shapes (to float rounding: inductor fuses and reorders)."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    mg = _graph("tiny-bert")
+    shapes = [bert_inputs(batch=b, seq=s) for b, s in SHAPES["tiny-bert"]]
+    out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.7, "data": shapes[1]})
+    assert info.segments >= 1
+    mg.model.train()
+    out.model.train()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with inductor_config.patch(fallback_random=True):
+        compiled_model = torch.compile(out.model)
+        for inputs in shapes:
+            ref_out, ref_grad = _step(mg, inputs, seed=5)
+            out.model.zero_grad(set_to_none=True)
+            torch.manual_seed(5)
+            leaves = [t for t in torch.utils._pytree.tree_leaves(compiled_model(**inputs))
+                      if isinstance(t, torch.Tensor)]
+            torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
+            assert all(torch.allclose(a, b.detach(), atol=1e-6) for a, b in zip(ref_out, leaves, strict=True))
+            for name, p in out.model.named_parameters():
+                assert p.grad is not None and torch.allclose(p.grad, ref_grad[name], atol=1e-6), name
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
