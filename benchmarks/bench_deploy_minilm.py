@@ -1,7 +1,7 @@
 """The fine-tuned MiniLM classifier deployed outside fxforge: ONNX Runtime and AOTInductor beside fp32 eager.
 
     .venv/bin/python -m fxforge.benchmarks.bench_deploy_minilm [--model fxforge-demo/minilm-lora]
-        [--best fxforge-demo/best] [--quick] [--json OUT]
+        [--best fxforge-demo/best | --ffn-sparsity F] [--realtime 30] [--quick] [--json OUT]
 
 Artifacts (benchmarks/deploy_runtimes.py builds them): the fp32 graph exported to ONNX; ONNX Runtime's own
 ``quantize_dynamic`` (QInt8 weights: every op it quantizes, and MatMul/Gemm only) and ``quantize_static``
@@ -173,28 +173,33 @@ def build(args: argparse.Namespace, work: Path, log: Log) -> tuple[dict[str, Var
 
 def shrunk_point(args: argparse.Namespace, base: ForgeGraph, task: Any, graphs: dict[str, ForgeGraph],
                  variants: dict[str, Variant], log: Log, work: Path) -> None:
-    """The search's best point as QDQ; when refused, its pruned + shrunk FFN structure with int8 linears."""
+    """The search's best point as QDQ; when refused, its pruned + shrunk FFN structure with int8 linears. Without
+    a search point, ``--ffn-sparsity`` of the FFN units removed (the demo search's own choices) stands in for it."""
     best_dir = Path(args.best)
-    if not (best_dir / "manifest.json").is_file():
-        log(f"{SHRUNK}: no search point at {best_dir} (run `make demo`, or pass --best CKPT): skipped")
+    full = ffn_widths(base)
+    if (best_dir / "manifest.json").is_file():
+        best = ForgeGraph.from_checkpoint(best_dir).eval()
+        log(f"best point {best_dir}: FFN widths {sorted(set(ffn_widths(best)))} of "
+            f"{sorted(set(full))}; {describe_formats(best)}")
+        path, how = rt.export_qdq_onnx(best, work / "best")
+        if path is not None:
+            graphs["best graph"] = best
+            variants["best point ONNX QDQ (as is)"] = Variant(rt.ort_session(path), rt.artifact_bytes(path),
+                                                              "best graph", how, ort_spec(path))
+        log(f"best point as is, ONNX QDQ: {how}")
+        widths: list[int] | None = ffn_widths(best)
+        sparsity, source = 1 - widths[0] / full[0], "the best point's structure"
+    elif args.ffn_sparsity is not None:
+        widths, sparsity, source = None, args.ffn_sparsity, f"no search point at {best_dir}: --ffn-sparsity"
+    else:
+        log(f"{SHRUNK}: no search point at {best_dir} (run `make demo`, pass --best CKPT or --ffn-sparsity F): "
+            "skipped")
         return
-    best = ForgeGraph.from_checkpoint(best_dir).eval()
-    log(f"best point {best_dir}: FFN widths {sorted(set(ffn_widths(best)))} of "
-                 f"{sorted(set(ffn_widths(base)))}; {describe_formats(best)}")
-    path, how = rt.export_qdq_onnx(best, work / "best")
-    if path is not None:
-        graphs["best graph"] = best
-        variants["best point ONNX QDQ (as is)"] = Variant(rt.ort_session(path), rt.artifact_bytes(path),
-                                                          "best graph", how, ort_spec(path))
-    log(f"best point as is, ONNX QDQ: {how}")
-    widths, full = ffn_widths(best), ffn_widths(base)
-    sparsity = 1 - widths[0] / full[0]
     calib = task.calibration(base.model)
     shrunk = prune_ffn(base, sparsity, "taylor", calib)
-    same = ffn_widths(shrunk) == widths
-    log(f"{SHRUNK}: the best point's structure ({sparsity:.0%} of FFN units removed by Taylor importance on "
-                 f"{args.calib} training reviews, widths {'equal' if same else 'NOT equal'} to the best's), every "
-                 "Linear in static int8 (per-channel weights, calibrated activations) instead of its formats")
+    same = "" if widths is None else f", widths {'' if ffn_widths(shrunk) == widths else 'NOT '}equal to the best's"
+    log(f"{SHRUNK}: {source} ({sparsity:.1%} of FFN units removed by Taylor importance on {args.calib} training "
+        f"reviews{same}), every Linear in int8 (per-channel weights; calibrated or dynamic activations)")
     for name, dynamic in ((SHRUNK, False), (SHRUNK_DYN, True)):
         reference = f"shrunk int8{' dynamic' if dynamic else ''} graph"
         graphs[reference] = rt.fxforge_int8(shrunk, calib[0], dynamic=dynamic)
@@ -336,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="fxforge-demo/minilm-lora", help="fine-tuned fp32 fxforge checkpoint")
     parser.add_argument("--best", default="fxforge-demo/best", help="the search's best point (a checkpoint)")
+    parser.add_argument("--ffn-sparsity", type=float, default=None, metavar="F",
+                        help="without a --best checkpoint, the shrunk point removes this fraction of FFN units "
+                             "(the demo search chooses 0.375 or 0.5)")
     parser.add_argument("--eval", type=int, default=1000, help="held-out reviews for accuracy")
     parser.add_argument("--calib", type=int, default=256, help="training reviews calibrating static int8")
     parser.add_argument("--length", type=int, default=128)

@@ -87,3 +87,31 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
     ratio = rows[mine]["samples_ms"]["8x"][0] / rows[theirs]["samples_ms"]["8x"][0]
     [key] = [k for k in targets if k.startswith(f"fxforge ONNX int8 {i8:.3f}x <= best ORT own quantizer {own:.3f}x")]
     assert f"{mine} / {theirs} paired over rounds {ratio:.3f}" in key and targets[key] == (ratio <= 1)
+
+
+@pytest.mark.slow_deploy  # two int8 exports: make test-deploy
+def test_without_a_search_point_ffn_sparsity_stands_in(checkpoints: tuple[Path, Path], tmp_path: Path) -> None:
+    import argparse
+
+    from fxforge.benchmarks.bench_deploy_minilm import SHRUNK, SHRUNK_DYN, Log, Variant, ffn_widths, shrunk_point
+    from fxforge.search import TextClassificationTask
+
+    fp32, _ = checkpoints
+    base = ForgeGraph.from_checkpoint(fp32).eval()
+    task = TextClassificationTask("imdb", train_size=16, eval_size=16, max_length=16, eval_batch_size=8,
+                                  progress=False, calibration_size=16)
+    missing = str(tmp_path / "no-search-point")
+    graphs: dict[str, ForgeGraph] = {}
+    variants: dict[str, Variant] = {}
+    log = Log()
+    shrunk_point(argparse.Namespace(best=missing, ffn_sparsity=None, calib=16), base, task, graphs, variants, log,
+                 tmp_path / "a")
+    assert not variants and "skipped" in log[-1]  # no point and no fraction: no shrunk row, said so
+    shrunk_point(argparse.Namespace(best=missing, ffn_sparsity=0.5, calib=16), base, task, graphs, variants, log,
+                 tmp_path / "b")
+    assert set(variants) == {SHRUNK, SHRUNK_DYN}
+    for name, v in variants.items():
+        assert ffn_widths(graphs[v.reference]) == [w // 2 for w in ffn_widths(base)], name
+        batch = {k: t for k, t in task.eval_batches()[0][0].items() if k != "labels"}
+        assert v.run(**batch).shape == (batch["input_ids"].shape[0], 2)
+    assert any("--ffn-sparsity (50.0% of FFN units removed" in note for note in log)
