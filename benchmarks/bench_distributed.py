@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="pipeline schedules and tensor parallelism (tp) to run at N > 1")
     parser.add_argument("--models", nargs="+", choices=("minilm", "gpt"), default=["minilm", "gpt"],
                         help="which models to run (the MiniLM classifier / tiny BERT, the zoo GPT / tiny GPT)")
+    parser.add_argument("--split-embedding", action="store_true",
+                        help="pipeline: split the first stage's embedding table by rows over the ranks "
+                             "(distributed/vocab_stage.py)")
     parser.add_argument("--batch", type=int, default=None, help="rows per step (default 32, 8 with --quick)")
     parser.add_argument("--timeout", type=float, default=300.0, help="process-group timeout, seconds")
     parser.add_argument("--json", type=Path, help="also write the raw measures and rows here")
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in ranks:
                 spec = RankSpec(models=models, schedules=tuple(args.schedules), microbatches=max(micro, n),
                                 repeats=repeats, warmup=1, threads=max(1, args.threads // n), timeout=args.timeout,
-                                balance=args.balance)
+                                balance=args.balance, split_embedding=args.split_embedding)
                 result = launch(rank_entry, (spec,), DDPOptions(nproc=n, timeout=args.timeout, threads=spec.threads,
                                                                 max_restarts=0))
                 measures: list[RankMeasure] = [result[r] for r in sorted(result)]
@@ -192,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     facts = checks(rows)
     kind = runs[1][0][0]["peak_kind"]
     per_n = ", ".join(f"N={n}: {max(micro, n)}" for n in ranks if n > 1)
+    table = " (the first stage's table split by rows)" if args.split_embedding else ""
     print(f"batch {batch}; microbatches {per_n}; {rounds} round(s) x {repeats} timed steps per launch; stages "
-          f"balanced by {args.balance}; a step is all ranks between two barriers; N=1 is the unsplit graph in one "
-          "process")
+          f"balanced by {args.balance}{table}; a step is all ranks between two barriers; N=1 is the unsplit graph in "
+          "one process")
     for note in notes:
         print(f"note: {note}")
     print(f"  {'model':<18} {'schedule':<8} {'N':>2} {'thr':>4} {'ms/step':>9} {'samples/s':>9} {'thrpt':>7} "

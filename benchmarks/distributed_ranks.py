@@ -47,6 +47,7 @@ class RankSpec:
     threads: int
     timeout: float
     balance: str = "time"
+    split_embedding: bool = False  # the pipeline's first-stage table split by rows over the ranks (vocab_stage)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,16 @@ def _build_tp(model: BenchModel, device: torch.device, out: RankMeasure) -> Call
     return functools.partial(graph, *flat)
 
 
+def _step_sending(step: Callable[[], Any], lookups: tuple[Any, torch.Tensor, int, Any]) -> None:
+    """A rank > 0's pipeline step when the first stage's table is split: its lookups sent to rank 0 first."""
+    from fxforge.distributed.vocab_stage import send_lookups
+
+    pending = send_lookups(*lookups)
+    step()
+    for _, work in pending:
+        work.wait()
+
+
 def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: torch.device,
            out: RankMeasure) -> dict[str, Callable[[], Any]]:
     """This rank's share of ``model`` and one step function per variant; records held bytes and the load peak."""
@@ -174,9 +185,18 @@ def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: tor
         out.cuts[model.name] = list(cuts)
         out.total[model.name] = sum(p.numel() * p.element_size() for p in split.model.parameters())
         flat = [t.to(device) for t in flat_inputs(split.model, ExampleInputs.coerce(data))]
-        module = ContiguousOutputs(split.model.get_submodule(f"stage_{rank}").to(device))
         ins, outs = stage_examples(split.model, rank, flat, spec.microbatches, train=False)
-        del split  # from here this rank holds its stage only
+        lookups: Any = None
+        if spec.split_embedding:
+            import torch.distributed as dist
+
+            from fxforge.distributed.vocab_stage import split_stage_embedding
+
+            group = dist.new_group(backend="gloo")  # every rank, in the same order: the lookups' own sends
+            shard, index = split_stage_embedding(split.model.get_submodule("stage_0"), rank, world, group)
+            lookups = (shard, flat[index], spec.microbatches, group)
+        module = ContiguousOutputs(split.model.get_submodule(f"stage_{rank}").to(device))
+        del split  # from here this rank holds its stage only (and its rows of a split table)
         args = flat if rank == 0 else []
         steps = {}
         for name in spec.schedules:
@@ -186,6 +206,8 @@ def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: tor
             stage = PipelineStage(module, rank, world, device, input_args=ins, output_args=outs)
             schedule = cls(stage, n_microbatches=spec.microbatches)
             steps[f"{model.name}/{name}"] = functools.partial(schedule.step, *args)
+            if lookups is not None and rank > 0:
+                steps[f"{model.name}/{name}"] = functools.partial(_step_sending, schedule.step, lookups)
     out.held[model.name] = held_parameter_bytes() - before
     out.load_peak[model.name] = _peak(device)
     if world > 1 and "tp" in spec.schedules:
