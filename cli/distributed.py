@@ -30,6 +30,9 @@ def pipeline_run_cmd(
     nnodes: Annotated[int, typer.Option("--nnodes", help="Hosts of the job (each runs this command).")] = 1,
     rdzv_endpoint: Annotated[str | None, typer.Option(
         "--rdzv-endpoint", help="HOST:PORT where the hosts meet (default: a free port on 127.0.0.1).")] = None,
+    split_embedding: Annotated[bool, typer.Option(
+        "--split-embedding", help="Split the first stage's largest embedding table by rows over all the ranks "
+        "(each holds 1/N of it; same outputs).")] = False,
 ) -> None:
     """Run CHECKPOINT on --input as --stages pipeline stages (torch.distributed.pipelining, gloo on CPU, NCCL with
     CUDA) and write the outputs to --output; prints the cuts and each rank's share of the parameters."""
@@ -38,7 +41,7 @@ def pipeline_run_cmd(
     try:
         result = pipeline_run(checkpoint, stages, inputs, output, schedule=schedule, microbatches=microbatches,
                               balance=balance, timeout=timeout, threads=threads, nnodes=nnodes,
-                              rdzv_endpoint=rdzv_endpoint)
+                              rdzv_endpoint=rdzv_endpoint, split_embedding=split_embedding)
     except PipelineError as exc:
         raise CliError(str(exc)) from None
     for report in result.ranks:

@@ -52,9 +52,14 @@ class PipelineResult:
 def pipeline_job(checkpoint: str | Path, stages: int, inputs: str | Path | Mapping[str, torch.Tensor],
                  output: str | Path | None = None, *, schedule: str = "gpipe", microbatches: int | None = None,
                  balance: str = "time", timeout: float = 300.0, threads: int | None = None, target: str | None = None,
-                 loss: str = "cross_entropy", kill_rank: int | None = None) -> PipelineJob:
+                 loss: str = "cross_entropy", kill_rank: int | None = None, split_embedding: bool = False
+                 ) -> PipelineJob:
     """The job every rank runs (arguments as for :func:`pipeline_run`; ``target`` makes it a training step, see
     :func:`pipeline_train_step`), every argument checked before a process starts."""
+    if split_embedding and target is not None:
+        raise PipelineError("pipeline_train_step: split_embedding is for inference only (the lookups the other ranks "
+                            "send to the first stage carry no gradient back, so their rows would get none): train "
+                            "with the table whole")
     if type(stages) is not int or stages < 1:
         raise PipelineError(f"pipeline_run: stages must be an integer >= 1, got {stages!r}")
     if schedule not in SCHEDULES:
@@ -82,7 +87,7 @@ def pipeline_job(checkpoint: str | Path, stages: int, inputs: str | Path | Mappi
     return PipelineJob(checkpoint=str(Path(checkpoint).resolve()), stages=stages, inputs=data,
                        output=None if output is None else str(Path(output).resolve()), schedule=schedule,
                        microbatches=microbatches or 0, balance=balance, timeout=float(timeout), threads=threads,
-                       target=target, loss=loss, kill_rank=kill_rank)
+                       target=target, loss=loss, kill_rank=kill_rank, split_embedding=bool(split_embedding))
 
 
 def _check_batch(data: str | dict[str, torch.Tensor], microbatches: int) -> None:
@@ -139,13 +144,16 @@ def _result(job: PipelineJob, reports: list[RankReport]) -> PipelineResult:
 def pipeline_run(checkpoint: str | Path, stages: int, inputs: str | Path | Mapping[str, torch.Tensor],
                  output: str | Path | None = None, *, schedule: str = "gpipe", microbatches: int | None = None,
                  balance: str = "time", timeout: float = 300.0, threads: int | None = None, nnodes: int = 1,
-                 rdzv_endpoint: str | None = None, kill_rank: int | None = None) -> PipelineResult:
+                 rdzv_endpoint: str | None = None, kill_rank: int | None = None, split_embedding: bool = False
+                 ) -> PipelineResult:
     """Run the checkpoint's graph on ``inputs`` as ``stages`` pipeline stages, one rank each; rank 0 writes the
     outputs to ``output`` (safetensors, by output name). ``microbatches`` (default: one per stage) must divide
     the batch; ``timeout`` bounds every collective (a frozen rank fails the job after it); ``kill_rank`` makes
-    that rank kill itself before the first step (a drill)."""
+    that rank kill itself before the first step (a drill); ``split_embedding`` splits the first stage's largest
+    embedding table by rows over all the ranks (each holds 1/N of it; outputs unchanged, bit for bit)."""
     job = pipeline_job(checkpoint, stages, inputs, output, schedule=schedule, microbatches=microbatches,
-                       balance=balance, timeout=timeout, threads=threads, kill_rank=kill_rank)
+                       balance=balance, timeout=timeout, threads=threads, kill_rank=kill_rank,
+                       split_embedding=split_embedding)
     return run_pipeline_jobs([job], nnodes, rdzv_endpoint)[0]
 
 

@@ -34,7 +34,8 @@ class PipelineJob:
     """What every rank runs (picklable: it travels to spawned processes). ``inputs``: a safetensors path or the
     tensors themselves, by the graph's input names; ``target``: the name of the tensor among them the loss compares
     with (a training step when set); ``kill_rank``: the rank that kills itself before the first step (a drill: the
-    job must then fail with a clear error, not hang)."""
+    job must then fail with a clear error, not hang); ``split_embedding``: the first stage's largest embedding
+    table split by rows over every rank (inference; distributed/vocab_stage.py)."""
 
     checkpoint: str
     stages: int
@@ -48,6 +49,7 @@ class PipelineJob:
     target: str | None = None
     loss: str = "cross_entropy"
     kill_rank: int | None = None
+    split_embedding: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,23 @@ def stage_examples(top: torch.nn.Module, rank: int, flat: list[Any], microbatche
             tuple(meta(t, train) for t in values))
 
 
+def _split_table(job: PipelineJob, top: nn.Module, rank: int, world: int, flat: list[Any], microbatches: int,
+                 device: torch.device) -> tuple[Any, torch.Tensor, int, Any] | None:
+    """With ``job.split_embedding``, the first stage's table split by rows (vocab_stage): this rank's shard, the
+    ids it looks up, the microbatches and the lookups' own process group (``send_lookups``' arguments)."""
+    if not job.split_embedding or world == 1:
+        return None
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from .vocab_stage import split_stage_embedding
+
+    group = dist.new_group(timeout=timedelta(seconds=job.timeout))  # every rank, in job order: never the schedule's
+    shard, index = split_stage_embedding(top.get_submodule("stage_0"), rank, world, group)
+    return shard.to(device), flat[index].to(device), microbatches, group
+
+
 def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
     """One job on this rank: split, keep this stage, run the schedule, hand the outputs to rank 0."""
     import torch.distributed as dist
@@ -228,6 +247,7 @@ def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
 
     from ..graph.inputs import ExampleInputs
     from ..passes.propagate import flat_inputs
+    from .vocab_stage import send_lookups
 
     if world != job.stages:
         raise RuntimeError(f"pipeline_run: {job.stages} stages need {job.stages} ranks, the job has {world}")
@@ -243,6 +263,7 @@ def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
     micro = job.microbatches or world
     train = target is not None
     example_in, example_out = stage_examples(split.model, rank, flat, micro, train)
+    lookups = _split_table(job, split.model, rank, world, flat, micro, device)
     stage_module = ContiguousOutputs(split.model.get_submodule(f"stage_{rank}")).to(device)
     # a stage names its layers m0, m1, ...: gradients are reported under the graph's own parameter names
     names_of = {id(p): n for n, p in split.model.named_parameters(remove_duplicate=False) if not n.startswith("stage_")}
@@ -259,8 +280,11 @@ def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:
     kwargs: dict[str, Any] = {}
     if target is not None and rank == world - 1:
         kwargs = {"target": target.to(device), "losses": losses}
+    pending = send_lookups(*lookups) if lookups is not None and rank > 0 else []
     with torch.set_grad_enabled(train):
         out = schedule.step(*args, **kwargs)
+    for _, work in pending:
+        work.wait()
     names: tuple[str, ...] = ()
     if job.output is not None or not train:
         outs: Any = out if rank == world - 1 else None

@@ -96,6 +96,8 @@ def test_bad_jobs_are_refused_before_any_process_starts(tmp_path: Path) -> None:
             pipeline_job(ckpt, 2, idx, **kwargs)
     with pytest.raises(PipelineError, match="no checkpoint directory"):
         pipeline_job(tmp_path / "missing", 2, idx)
+    with pytest.raises(PipelineError, match="split_embedding is for inference only"):
+        pipeline_job(ckpt, 2, {**idx, "next": idx["idx"]}, target="next", split_embedding=True)
     from fxforge.cli.app import main
 
     assert main(["pipeline-run", str(ckpt), "--stages", "2", "--input", str(tmp_path / "none.safetensors"),
@@ -115,6 +117,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     save_file(gpt_in, str(tmp / "gpt_in.safetensors"))
     gpt_train = {**gpt_in, "next": torch.randint(0, 64, (4, 12), generator=gen)}
     bert_train = {**bert_in, "labels": torch.tensor([0, 1, 1, 0])}
+    bert_ids = {**bert_in, "input_ids": bert_in["input_ids"].clone()}
+    bert_ids["input_ids"][0, :4] = torch.tensor([0, 49, 50, 99])  # both ends of both ranks' rows of the table
     ckpt = {"gpt": gpt.export(tmp / "gpt"), "bert": bert.export(tmp / "bert")}
     common = {"timeout": 120.0, "balance": "params"}
     jobs = [
@@ -126,12 +130,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                      **common),
         pipeline_job(ckpt["gpt"], STAGES, gpt_train, target="next", schedule="gpipe", microbatches=2, **common),
         pipeline_job(ckpt["bert"], STAGES, bert_train, target="labels", schedule="1f1b", microbatches=2, **common),
+        pipeline_job(ckpt["bert"], STAGES, bert_ids, tmp / "bert_split.safetensors", schedule="gpipe",
+                     microbatches=2, split_embedding=True, **common),  # the word embeddings split by rows
     ]
     start = time.perf_counter()
     results = run_pipeline_jobs(jobs)
     print(f"one 2-rank launch, {len(jobs)} jobs: {time.perf_counter() - start:.1f} s")
     return {"gpt": gpt, "bert": bert, "gpt_in": gpt_in, "bert_in": bert_in, "gpt_train": gpt_train,
-            "bert_train": bert_train, "results": results, "tmp": tmp, "ckpt": ckpt}
+            "bert_train": bert_train, "bert_ids": bert_ids, "results": results, "tmp": tmp, "ckpt": ckpt}
 
 
 @pytest.mark.slow
@@ -223,3 +229,40 @@ def test_four_stage_bert_inference_equals_single_process(run: dict[str, Any]) ->
                                     for i in (0, 2)])
     assert list(result.outputs) == ["logits"], list(result.outputs)
     assert torch.equal(result.outputs["logits"], per_microbatch)
+
+
+@pytest.mark.slow
+def test_split_embedding_equals_one_process_and_each_rank_holds_its_rows(run: dict[str, Any]) -> None:
+    """``split_embedding=True``: the first stage's word embeddings split by rows over the 2 ranks; the same cuts as
+    the whole-table job on the same checkpoint, the outputs bit for bit the single process's on the same
+    microbatches, and each rank holding its stage with the table's rows 50 * rank .. 50 * rank + 49 only."""
+    whole, split = run["results"][2], run["results"][5]
+    assert split.cuts == whole.cuts
+    with torch.no_grad():
+        per_microbatch = torch.cat([run["bert"](**{k: v[i:i + 2] for k, v in run["bert_ids"].items()}).logits
+                                    for i in (0, 2)])
+    written = load_file(str(run["tmp"] / "bert_split.safetensors"))
+    assert torch.equal(written["logits"], per_microbatch) and torch.equal(split.outputs["logits"], per_microbatch)
+    table = run["bert"].model.get_submodule("bert.embeddings.word_embeddings").weight
+    table_bytes, half = table.numel() * table.element_size(), table[:50].numel() * table.element_size()
+    held = [r.held_param_bytes for r in split.ranks]
+    print("split table: held", held, "whole table:", [r.held_param_bytes for r in whole.ranks])
+    assert held == [whole.ranks[0].held_param_bytes - table_bytes + half, whole.ranks[1].held_param_bytes + half]
+
+
+def test_cli_passes_split_embedding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unmarked, no process: ``pipeline-run --split-embedding`` asks pipeline_run for the split table."""
+    import fxforge.distributed.pipeline as pipeline
+    from fxforge.cli.app import main
+
+    seen: dict[str, Any] = {}
+
+    def fake_run(*args: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise PipelineError("stopped here")
+
+    monkeypatch.setattr(pipeline, "pipeline_run", fake_run)
+    base = ["pipeline-run", str(tmp_path), "--stages", "2", "--input", str(tmp_path / "in.safetensors"), "--output",
+            str(tmp_path / "out.safetensors")]
+    assert main([*base, "--split-embedding"]) == 1 and seen["split_embedding"] is True
+    assert main(base) == 1 and seen["split_embedding"] is False
