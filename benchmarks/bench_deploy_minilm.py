@@ -187,8 +187,9 @@ def shrunk_point(args: argparse.Namespace, base: ForgeGraph, task: Any, graphs: 
             variants["best point ONNX QDQ (as is)"] = Variant(rt.ort_session(path), rt.artifact_bytes(path),
                                                               "best graph", how, ort_spec(path))
         log(f"best point as is, ONNX QDQ: {how}")
-        widths: list[int] | None = ffn_widths(best)
-        sparsity, source = 1 - widths[0] / full[0], "the best point's structure"
+        best_widths = ffn_widths(best)
+        widths: list[int] | None = best_widths
+        sparsity, source = 1 - best_widths[0] / full[0], "the best point's structure"
     elif args.ffn_sparsity is not None:
         widths, sparsity, source = None, args.ffn_sparsity, f"no search point at {best_dir}: --ffn-sparsity"
     else:
