@@ -52,7 +52,8 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class RankMeasure:
-    """One rank's numbers. ``times``: seconds per step by variant (``model/schedule``; ``model/forward`` at N=1),
+    """One rank's numbers. ``times``: seconds per step by variant (``model/schedule``; at N=1 ``model/forward``,
+    the whole batch at once, and ``model/microbatched``, the pipeline's microbatches one after the other),
     interleaved rounds in run order; ``held`` / ``total``: parameter bytes this rank holds / the whole graph has;
     ``load_peak`` (by model) and ``run_peak`` (by variant): peak memory bytes, of ``peak_kind``. A tensor-parallel
     build's ``held`` / ``load_peak`` are keyed ``model/tp`` (``held_key``)."""
@@ -175,7 +176,10 @@ def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: tor
         graph = ForgeGraph.from_checkpoint(model.checkpoint).eval().model.to(device)
         flat = [t.to(device) for t in flat_inputs(graph, ExampleInputs.coerce(data))]
         out.total[model.name] = sum(p.numel() * p.element_size() for p in graph.parameters())
-        steps: dict[str, Callable[[], Any]] = {f"{model.name}/forward": lambda: graph(*flat)}
+        chunks = list(zip(*(t.tensor_split(spec.microbatches) if isinstance(t, torch.Tensor)
+                            else [t] * spec.microbatches for t in flat), strict=True))
+        steps: dict[str, Callable[[], Any]] = {f"{model.name}/forward": lambda: graph(*flat),
+                                               f"{model.name}/microbatched": lambda: [graph(*c) for c in chunks]}
     else:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 

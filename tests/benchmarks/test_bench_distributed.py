@@ -37,10 +37,12 @@ def test_one_rank_measures_the_unsplit_graph(tmp_path: Path, monkeypatch: pytest
     params = sum(p.numel() * p.element_size() for p in mg.model.parameters())
     assert m.world == 1 and m.threads == 1 and m.total["gpt"] == params
     assert m.held["gpt"] == params  # the loaded graph's parameters, counted over the live nn.Parameters
-    assert list(m.times) == ["gpt/forward"] and len(m.times["gpt/forward"]) == 2
-    assert all(t > 0 for t in m.times["gpt/forward"]) and m.load_peak["gpt"] > params
+    assert list(m.times) == ["gpt/forward", "gpt/microbatched"]  # the whole batch, and 2 microbatches in turn
+    assert all(len(t) == 2 and min(t) > 0 for t in m.times.values()) and m.load_peak["gpt"] > params
     rows = summarize({1: [[m.__dict__]]}, ["gpt"], ["gpipe"], {"gpt": 4})
-    assert len(rows) == 1 and rows[0]["rel_throughput"] == 1.0 and rows[0]["held_ratio"] == 1.0
+    assert [r["schedule"] for r in rows] == ["forward", "microbatched"]
+    assert rows[0]["rel_throughput"] == 1.0 and rows[0]["held_ratio"] == 1.0
+    assert rows[1]["rel_throughput"] == pytest.approx(rows[0]["ms"] / rows[1]["ms"])
     assert checks(rows) == {}  # targets are stated at N = 2 only
 
 
@@ -66,6 +68,9 @@ def test_quick_bench_rows_follow_from_the_measures(tmp_path: Path, capsys: pytes
                 rel, ratio = base_ms / ms, max(held) / base_held
                 row = rf"^  {re.escape(model)} +{schedule} +{n} +\d+ +{ms:.2f} +[\d.]+ +{rel:.2f}x +{ratio:.3f}x "
                 assert re.search(row, text, re.M), row
+                if schedule != "tp":  # against one process running the same microbatches one after the other
+                    alone = 1e3 * statistics.median(runs["1"][0][0]["times"][f"{model}/microbatched"])
+                    assert f"  {model} {schedule} N={n}: {alone / ms:.2f}x the throughput of one process" in text
                 if n == "2":
                     split = "tensor parallel" if schedule == "tp" else "pipeline"
                     facts[f"{model} {schedule} N=2: throughput {rel:.2f}x of N=1"] = rel >= THROUGHPUT_TARGET
