@@ -145,7 +145,7 @@ def format_row(row: dict[str, Any]) -> str:
     held = "/".join(f"{b / MIB:.2f}" for b in row["held"])
     load = "/".join(f"{b / MIB:.0f}" for b in row["load_peak"])
     run = "/".join(f"{b / MIB:.0f}" for b in row["run_peak"])
-    return (f"  {row['model']:<18} {row['schedule']:<8} {row['n']:>2} {row['threads']:>4} {row['ms']:>9.2f} "
+    return (f"  {row['model']:<18} {row['schedule']:<12} {row['n']:>2} {row['threads']:>4} {row['ms']:>9.2f} "
             f"{row['samples_per_s']:>9.1f} {row['rel_throughput']:>6.2f}x {row['held_ratio']:>6.3f}x  {held:<24} "
             f"{load:<20} {run}")
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
           "one process")
     for note in notes:
         print(f"note: {note}")
-    print(f"  {'model':<18} {'schedule':<8} {'N':>2} {'thr':>4} {'ms/step':>9} {'samples/s':>9} {'thrpt':>7} "
+    print(f"  {'model':<18} {'schedule':<12} {'N':>2} {'thr':>4} {'ms/step':>9} {'samples/s':>9} {'thrpt':>7} "
           f"{'params':>7}  {'params MiB per rank':<24} {kind + ' load MiB':<20} {kind} step MiB")
     for row in rows:
         print(format_row(row))
