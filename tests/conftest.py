@@ -107,6 +107,17 @@ def assert_reloads_and_exports(mg: Any, idx: torch.Tensor, path: Path, target: A
     torch.testing.assert_close(ep.module()(idx), mg(idx))
 
 
+def seeded_training_step(mg: Any, inputs: dict[str, torch.Tensor],
+                         seed: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Outputs of one seeded training step and every parameter's gradient, by name (dropout drawn from ``seed``)."""
+    mg.model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = mg(**inputs)
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
+    return [t.detach() for t in leaves], {n: p.grad for n, p in mg.model.named_parameters()}
+
+
 def make_agru() -> nn.Module:
     from fxforge.models.agru import AGRUClassifier
 

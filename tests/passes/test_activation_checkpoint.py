@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
+from conftest import seeded_training_step as _step
 
 from fxforge import ForgeGraph, passes
 from fxforge.graph.inputs import ExampleInputs
@@ -56,15 +57,6 @@ def _agru() -> tuple[ForgeGraph, list[dict[str, torch.Tensor]]]:
 
 MODELS = {"gpt-attn": _gpt("attn"), "gpt-afno": _gpt("afno"), "agru": _agru}
 
-
-def _step(mg: ForgeGraph, inputs: dict[str, torch.Tensor], seed: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
-    """Outputs of one seeded training step and every parameter's gradient, by name."""
-    mg.model.zero_grad(set_to_none=True)
-    torch.manual_seed(seed)
-    out = mg(**inputs)
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
-    return [t.detach() for t in leaves], {n: p.grad for n, p in mg.model.named_parameters()}
 
 
 @pytest.mark.parametrize("model", ["bert", *sorted(MODELS)])

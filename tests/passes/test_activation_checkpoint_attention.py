@@ -6,11 +6,10 @@ every encoder layer; under torch.compile the regions are traced whole and replay
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from conftest import bert_inputs
+from conftest import seeded_training_step as _step
 
 from fxforge import ForgeGraph
 from fxforge.graph.inputs import ExampleInputs
@@ -35,15 +34,6 @@ def _graph(name: str, layers: int | None = None) -> ForgeGraph:
     model = tiny_bert(num_labels=2, vocab_size=100, max_position_embeddings=64, **config)
     return ForgeGraph(model.eval(), hf_input_names=["input_ids", "attention_mask", "labels"]).train()
 
-
-def _step(mg: ForgeGraph, inputs: dict[str, torch.Tensor], seed: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
-    """Outputs of one seeded training step and every parameter's gradient, by name."""
-    mg.model.zero_grad(set_to_none=True)
-    torch.manual_seed(seed)
-    out = mg(**inputs)
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-    torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
-    return [t.detach() for t in leaves], {n: p.grad for n, p in mg.model.named_parameters()}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
