@@ -15,14 +15,15 @@ The graph is changed in place (like ``parallelize_module``); its recorded metada
 Keeping DTensors between the layers instead (``use_local_output=False``, no rewrite) fails on every graph tried
 (torch 2.13): SDPA's mask and RoPE's tables are plain tensors, and DTensor refuses mixing them.
 The large embedding tables and a language model's head are split by rows too (distributed/vocab_parallel.py;
-``vocab_parallel=False`` keeps them whole).
+``vocab_parallel="auto"``, the default, keeps a table that cannot be split whole and says why in the plan; ``True``
+refuses it naming the layer; ``False`` keeps them all whole).
 (``fxforge.distributed.tensor_parallel`` is the function: this module has another name so the two never clash.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
@@ -170,12 +171,17 @@ def _consumers(dep: DependencyGraph, roots: set[int]) -> list[str]:
     return [p for p, cols in dep.columns.items() if any(dep.find(u) in roots for u in cols.values())]
 
 
-def tensor_parallel_plan(mg: ForgeGraph, world_size: int, vocab_parallel: bool = True) -> TensorParallelPlan:
+def tensor_parallel_plan(mg: ForgeGraph, world_size: int,
+                         vocab_parallel: bool | Literal["auto"] = "auto") -> TensorParallelPlan:
     """The tensor-parallel plan of ``mg`` over ``world_size`` ranks, from its dependency groups alone (no
     process group needed); a head or unit count ``world_size`` does not divide is refused naming the layer. With
-    ``vocab_parallel`` the large embeddings and their heads are split by rows too (an unsplittable one refused)."""
+    ``vocab_parallel`` the large embeddings and their heads are split by rows too (an unsplittable table kept
+    whole with ``"auto"``, refused with ``True``)."""
     if type(world_size) is not int or world_size < 1:
         raise TensorParallelError(f"tensor_parallel: world_size must be an integer >= 1, got {world_size!r}")
+    if vocab_parallel not in (True, False, "auto") or type(vocab_parallel) not in (bool, str):
+        raise TensorParallelError(f"tensor_parallel: vocab_parallel must be True, False or 'auto', "
+                                  f"got {vocab_parallel!r}")
     try:
         dep = analyse_dependencies(mg.model, mg.example_inputs)
     except GroupError as exc:
@@ -206,7 +212,8 @@ def tensor_parallel_plan(mg: ForgeGraph, world_size: int, vocab_parallel: bool =
             elsewhere[s, u] = False
     moved = {p: o for p, o in rows.items() if o != tuple(range(len(o)))}
     try:
-        vocab = vocab_layers(mg.model, world_size, set(rows) | set(cols)) if vocab_parallel else VocabLayers()
+        vocab = (vocab_layers(mg.model, world_size, set(rows) | set(cols), strict=vocab_parallel is True)
+                 if vocab_parallel else VocabLayers())
     except VocabParallelError as exc:
         raise TensorParallelError(str(exc)) from None
     return TensorParallelPlan(world_size, tuple(blocks), tuple(rows), tuple(cols), moved,
@@ -256,7 +263,7 @@ def localize_graph(mg: ForgeGraph, plan: TensorParallelPlan, rank: int) -> Forge
 
 
 def tensor_parallel(mg: ForgeGraph, mesh: Any = None, plan: TensorParallelPlan | None = None,
-                    vocab_parallel: bool = True) -> tuple[ForgeGraph, TensorParallelInfo]:
+                    vocab_parallel: bool | Literal["auto"] = "auto") -> tuple[ForgeGraph, TensorParallelInfo]:
     """Split ``mg`` over the ranks of the 1-D DeviceMesh ``mesh`` (default: every rank of the initialised
     process group, on CUDA when present) with ``parallelize_module``; every rank must call it on the same
     graph. Returns the graph (changed in place) and what this rank holds. ``vocab_parallel``: see the plan."""

@@ -28,10 +28,12 @@ class VocabParallelError(ValueError):
 
 @dataclass(frozen=True)
 class VocabLayers:
-    """The embeddings split by rows and the heads split by output columns (module paths, graph order)."""
+    """The embeddings split by rows and the heads split by output columns (module paths, graph order), and the
+    large tables kept whole with the reason (``vocab_parallel="auto"``: a table that cannot be split)."""
 
     embeddings: tuple[str, ...] = ()
     heads: tuple[str, ...] = ()
+    whole: tuple[tuple[str, str], ...] = ()
 
 
 def _shared_with(gm: fx.GraphModule, path: str, weight: torch.Tensor) -> list[str]:
@@ -62,16 +64,26 @@ def _embedding(gm: fx.GraphModule, path: str, m: nn.Module, world: int) -> None:
                                  f"({fix})")
 
 
-def vocab_layers(gm: fx.GraphModule, world: int, taken: set[str]) -> VocabLayers:
+def vocab_layers(gm: fx.GraphModule, world: int, taken: set[str], strict: bool = True) -> VocabLayers:
     """The embeddings holding at least ``MIN_SHARE`` of ``gm``'s parameters and the plain Linear heads (not in
-    ``taken``, the layers already split) whose outputs are one of those tables' rows; refuses, naming the layer,
-    a table that cannot be split (a subclass, max_norm, tied or read as a tensor, fewer rows than ranks)."""
+    ``taken``, the layers already split) whose outputs are one of those tables' rows. A table that cannot be split
+    (a subclass, max_norm, tied or read as a tensor, fewer rows than ranks) is refused naming it when ``strict``,
+    else kept whole and listed with the reason (splitting it is an optimisation; keeping it whole stays exact)."""
     total = sum(p.numel() for p in gm.parameters())
     modules = dict(gm.named_modules())
     big = [p for p, m in modules.items() if isinstance(m, nn.Embedding) and m.weight.numel() >= MIN_SHARE * total]
+    split: list[str] = []
+    whole: list[tuple[str, str]] = []
     for path in big:
-        _embedding(gm, path, modules[path], world)
-    vocab = {modules[p].weight.shape[0] for p in big}
+        try:
+            _embedding(gm, path, modules[path], world)
+        except VocabParallelError as exc:
+            if strict:
+                raise
+            whole.append((path, str(exc)))
+            continue
+        split.append(path)
+    vocab = {modules[p].weight.shape[0] for p in split}
     heads = [p for p, m in modules.items() if type(m) is nn.Linear and p not in taken and m.out_features in vocab
              and m.weight.numel() >= MIN_SHARE * total and not _shared_with(gm, p, m.weight)]
-    return VocabLayers(tuple(big), tuple(heads))
+    return VocabLayers(tuple(split), tuple(heads), tuple(whole))

@@ -4,6 +4,7 @@ world size that does not divide a layer's heads."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -96,13 +97,21 @@ def _renormalised(model: nn.Module) -> None:
     (_tied, r"embedding 'wte' shares its weight with lm_head\.weight \(tied weights\)"),
     (_renormalised, r"embedding 'wte' renormalises the rows it looks up \(max_norm=1\.0\)"),
 ])
-def test_an_embedding_that_cannot_be_split_is_refused_naming_it(change: Any, message: str) -> None:
+def test_an_embedding_that_cannot_be_split_is_kept_whole_or_refused_naming_it(change: Any, message: str) -> None:
     model = make_gpt()
     change(model)
     mg = ForgeGraph(model, example_inputs=(torch.randint(0, 64, (2, 16)),)).eval()
     with pytest.raises(TensorParallelError, match=message + r".*vocab_parallel=False"):
-        tensor_parallel_plan(mg, 2)
+        tensor_parallel_plan(mg, 2, vocab_parallel=True)
     assert tensor_parallel_plan(mg, 2, vocab_parallel=False).vocab == VocabLayers()
+    auto = tensor_parallel_plan(mg, 2).vocab  # the default: the table (and a head tied to it) stays whole, said why
+    assert auto.embeddings == () and "wte" not in auto.heads and "lm_head" not in auto.heads
+    assert [path for path, _ in auto.whole] == ["wte"] and re.search(message, auto.whole[0][1])
+
+
+def test_vocab_parallel_must_be_a_bool_or_auto(graphs: dict[str, ForgeGraph]) -> None:
+    with pytest.raises(TensorParallelError, match="vocab_parallel must be True, False or 'auto', got 'yes'"):
+        tensor_parallel_plan(graphs["gpt"], 2, vocab_parallel="yes")  # type: ignore[arg-type]
 
 
 def _sizes(mg: ForgeGraph, name: str) -> list[object]:
