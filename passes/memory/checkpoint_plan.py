@@ -285,7 +285,6 @@ def plan_checkpoints(c: GraphCosts, budget: int | None) -> tuple[Plan | None, in
     prices = [unit * 10.0 ** (k / 2 - 3.5) for k in range(10)]
     plans = [Plan((), c.baseline_peak, 0.0)]
     smallest: dict[int, int] = {}  # cap index -> the smallest peak of its plans
-    cheapest: dict[int, float] = {}  # cap index -> the least recompute of its plans within the budget
 
     def sweep(cap: int) -> None:
         found = [_solve(c, sizes[cap], lam) for lam in prices]
@@ -298,23 +297,19 @@ def plan_checkpoints(c: GraphCosts, budget: int | None) -> tuple[Plan | None, in
                 lo, hi = ((lo + hi) / 2, hi) if plan.peak <= (budget or 0) else (lo, (lo + hi) / 2)
         plans.extend(found)
         smallest[cap] = min(p.peak for p in found)
-        cheapest[cap] = min((p.cost for p in found if budget is not None and p.peak <= budget), default=math.inf)
 
     for cap in _caps(sizes, 0, len(sizes) - 1, 12) if sizes else []:
         sweep(cap)
     for _ in range(_REFINE):
         tried = sorted(smallest)
-        if not tried or math.isfinite(min(cheapest.values())):  # a coarse plan fits: it is chosen (docstring)
+        if not tried or (budget is not None and min(smallest.values()) <= budget):  # a coarse plan fits: chosen
             break
-        centres = {min(tried, key=lambda i: (smallest[i], i))}
-        new: set[int] = set()
-        for centre in centres:
-            at = tried.index(centre)
-            lo, hi = tried[max(at - 1, 0)], tried[min(at + 1, len(tried) - 1)]
-            new.update(i for i in _caps(sizes, lo, hi, 7) if i not in smallest)
+        at = tried.index(min(tried, key=lambda i: (smallest[i], i)))
+        new = [i for i in _caps(sizes, tried[max(at - 1, 0)], tried[min(at + 1, len(tried) - 1)], 7)
+               if i not in smallest]
         if not new:
             break
-        for cap in sorted(new):
+        for cap in new:
             sweep(cap)
     least = min(p.peak for p in plans)
     fits = [p for p in plans if budget is not None and p.peak <= budget]
