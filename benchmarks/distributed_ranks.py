@@ -192,13 +192,9 @@ def _build(model: BenchModel, spec: RankSpec, rank: int, world: int, device: tor
         ins, outs = stage_examples(split.model, rank, flat, spec.microbatches, train=False)
         lookups: Any = None
         if spec.split_embedding:
-            import torch.distributed as dist
+            from fxforge.distributed.vocab_stage import split_first_stage
 
-            from fxforge.distributed.vocab_stage import split_stage_embedding
-
-            group = dist.new_group(backend="gloo")  # every rank, in the same order: the lookups' own sends
-            shard, index = split_stage_embedding(split.model.get_submodule("stage_0"), rank, world, group)
-            lookups = (shard, flat[index], spec.microbatches, group)
+            lookups = split_first_stage(split.model, rank, world, flat, spec.microbatches, device, spec.timeout)
         module = ContiguousOutputs(split.model.get_submodule(f"stage_{rank}").to(device))
         del split  # from here this rank holds its stage only (and its rows of a split table)
         args = flat if rank == 0 else []

@@ -229,15 +229,9 @@ def _split_table(job: PipelineJob, top: nn.Module, rank: int, world: int, flat: 
     ids it looks up, the microbatches and the lookups' own process group (``send_lookups``' arguments)."""
     if not job.split_embedding or world == 1:
         return None
-    from datetime import timedelta
+    from .vocab_stage import split_first_stage
 
-    import torch.distributed as dist
-
-    from .vocab_stage import split_stage_embedding
-
-    group = dist.new_group(timeout=timedelta(seconds=job.timeout))  # every rank, in job order: never the schedule's
-    shard, index = split_stage_embedding(top.get_submodule("stage_0"), rank, world, group)
-    return shard.to(device), flat[index].to(device), microbatches, group
+    return split_first_stage(top, rank, world, flat, microbatches, device, job.timeout)
 
 
 def _run_job(job: PipelineJob, rank: int, world: int) -> RankReport:

@@ -18,7 +18,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["GatheredEmbedding", "RowShard", "VocabStageError", "send_lookups", "split_stage_embedding"]
+__all__ = ["GatheredEmbedding", "RowShard", "VocabStageError", "send_lookups", "split_first_stage",
+           "split_stage_embedding"]
 
 
 class VocabStageError(ValueError):
@@ -109,3 +110,16 @@ def send_lookups(shard: RowShard, ids: torch.Tensor, microbatches: int, group: A
             found = shard(chunk).contiguous()
             pending.append((found, dist.isend(found, dst=0, group=group)))
     return pending
+
+
+def split_first_stage(top: nn.Module, rank: int, world: int, flat: list[Any], microbatches: int,
+                      device: torch.device, timeout: float) -> tuple[RowShard, torch.Tensor, int, Any]:
+    """Split the first stage (``top.stage_0``) of a split graph's table over every rank on a new process group of
+    its own (every rank calls this in the same order; never the schedule's group): ``send_lookups``' arguments."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    group = dist.new_group(timeout=timedelta(seconds=timeout))
+    shard, index = split_stage_embedding(top.get_submodule("stage_0"), rank, world, group)
+    return shard.to(device), flat[index].to(device), microbatches, group
