@@ -17,6 +17,7 @@ from .quantizer import Quantize
 from .records import CalibrationRecord, LoweringRecord, QuantizationRecord
 from .report import quantization_report_analysis_pass
 from .transform import quantize_transform_pass
+from .woq_group import WeightOnlyGroupLinear
 from .woq_modules import WeightOnlyEmbedding, WeightOnlyInt4Linear, WeightOnlyInt8Linear
 from .zeroed import QuantizationWarning
 
@@ -41,6 +42,7 @@ __all__ = [
     "QuantizedSDPA",
     "RoleSpec",
     "WeightOnlyEmbedding",
+    "WeightOnlyGroupLinear",
     "WeightOnlyInt4Linear",
     "WeightOnlyInt8Linear",
     "awq_transform_pass",

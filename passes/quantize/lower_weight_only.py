@@ -10,12 +10,15 @@
 * other float-activation linears whose weight has <= 8-bit codes and one scale per row (fixed point width
   <= 8 with a fixed or automatic fraction width, symmetric scaled integers per channel or per tensor) by
   :class:`WeightOnlyInt8Linear` (``fxforge.kernels.woq_int8``);
+* the remaining float-activation linears with <= 8-bit codes and power-of-two scales per group (MXINT /
+  block_fp at widths 5-8, or 4-bit ones the int4 pack refuses) by :class:`WeightOnlyGroupLinear`
+  (``woq_group``: a bf16 GEMM on the weight decoded exactly, since such a weight is exact in bf16);
 * embeddings with <= 8-bit codes and row-local scales by :class:`WeightOnlyEmbedding` (``embeddings``).
 
 Every other quantized layer stays simulated and ``info.skipped`` says why (format, width, granularity).
 The lowered weight equals the simulated one exactly; outputs differ only by rounding, bounded per layer
 by each module's ``error_bound`` (fp32 summation order for int8; plus bf16 rounding of the activations
-and outputs for int4: about 2^-7 relative to ``|x| @ |W|.T + |b|``).
+and outputs for int4 and the group path: about 2^-7 relative to ``|x| @ |W|.T + |b|``).
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ from .modules import QuantizedEmbedding, QuantizedLinear, _QuantizedLayer
 from .records import LoweringRecord
 from .state import quantized_nodes
 from .woq_codes import pick_kernel, simulated_bias, weight_codes
+from .woq_group import WeightOnlyGroupLinear
 from .woq_modules import WeightOnlyEmbedding, WeightOnlyInt4Linear, WeightOnlyInt8Linear, resident_bytes
 
 __all__ = ["lower_weight_only_transform_pass", "LowerWeightOnlyArgs", "LowerWeightOnlyInfo", "lowering_plan",
            "WEIGHT_ONLY_LAYERS"]
 
-WEIGHT_ONLY_LAYERS: tuple[type[nn.Module], ...] = (WeightOnlyInt8Linear, WeightOnlyInt4Linear, WeightOnlyEmbedding)
+WEIGHT_ONLY_LAYERS: tuple[type[nn.Module], ...] = (WeightOnlyInt8Linear, WeightOnlyInt4Linear, WeightOnlyGroupLinear,
+                                                   WeightOnlyEmbedding)
 _LOWERED = (*WEIGHT_ONLY_LAYERS, Int8Linear)
 
 register_property("weight-only-lowered", lambda graph: any(True for _ in iter_layers(graph.model, _LOWERED)),
@@ -51,12 +56,14 @@ register_property("weight-only-lowered", lambda graph: any(True for _ in iter_la
 
 @dataclass(frozen=True)
 class LowerWeightOnlyArgs:
-    """int4 / int8: lower float-activation linears to those kernels; dynamic_int8: linears with 8-bit
-    scaled-integer activations to Int8Linear (``backend`` as lower_int8_transform_pass's); embeddings:
-    quantized embedding tables to WeightOnlyEmbedding; strict: error if any quantized layer stays simulated."""
+    """int4 / int8 / group: lower float-activation linears to those kernels (group: <= 8-bit codes with
+    power-of-two scales per group, a bf16 GEMM); dynamic_int8: linears with 8-bit scaled-integer activations
+    to Int8Linear (``backend`` as lower_int8_transform_pass's); embeddings: quantized embedding tables to
+    WeightOnlyEmbedding; strict: error if any quantized layer stays simulated."""
 
     int4: bool = True
     int8: bool = True
+    group: bool = True
     dynamic_int8: bool = True
     embeddings: bool = True
     backend: Literal["auto", "onednn", "fbgemm"] = "auto"
@@ -103,7 +110,7 @@ def _embedding_plan(layer: QuantizedEmbedding, args: LowerWeightOnlyArgs) -> str
 
 
 def _linear_plan(layer: QuantizedLinear, args: LowerWeightOnlyArgs) -> str:
-    """``int8-dynamic`` | ``int4 g<G>`` | ``int8`` | ``skip: <why>`` for one quantized linear."""
+    """``int8-dynamic`` | ``int4 g<G>`` | ``int8`` | ``group g<G>`` | ``skip: <why>`` for one quantized linear."""
     if getattr(layer, "act_sparsity", 0.0) > 0:
         return "skip: it prunes its input at run time (activation pruning from prune_transform_pass)"
     if layer.quant.role("data_out") is not None:
@@ -127,7 +134,9 @@ def _linear_plan(layer: QuantizedLinear, args: LowerWeightOnlyArgs) -> str:
         return f"int4 g{kernel[1]}"
     if wc.group == layer.in_features and wc.bits <= 8 and args.int8:
         return "int8"
-    return f"skip: int4={args.int4}, int8={args.int8} leave no kernel for it"
+    if kernel[0] == "group" and args.group:
+        return f"group g{kernel[1]}"
+    return f"skip: int4={args.int4}, int8={args.int8}, group={args.group} leave no kernel for it"
 
 
 def lowering_plan(graph: ForgeGraph, args: LowerWeightOnlyArgs | None = None) -> dict[str, str]:
@@ -172,10 +181,13 @@ def _build(name: str, module: nn.Module, how: str, backend: str) -> nn.Module:
         group = int(how.split()[1][1:])
         scale = wc.scale if wc.group == group else wc.scale.expand(-1, wc.codes.shape[1] // group)
         return WeightOnlyInt4Linear.from_codes(wc.codes, scale, group, bias)
+    if how.startswith("group"):
+        return WeightOnlyGroupLinear.from_codes(wc.codes, wc.scale, wc.group, max(wc.bits, 2), bias)
     return WeightOnlyInt8Linear.from_codes(wc.codes, wc.scale.reshape(-1), bias)
 
 
 _KERNELS = {"int4": "aten._weight_int4pack_mm_for_cpu (bf16 activations)",
+            "group": "bf16 GEMM on the weight decoded exactly from its codes for each call",
             "int8": "fxforge.kernels.woq_int8.int8_weight_only_linear (fp32 activations)",
             "embedding": "gather codes + scales, dequantize the gathered rows"}
 
@@ -190,11 +202,14 @@ def _record(how: str, backend: str, static: bool) -> LoweringRecord:
     kind, *rest = how.split()
     if kind == "int4":
         weight = f"int4 codes, bf16 power-of-two scale per group of {rest[0][1:]}"
+    elif kind == "group":
+        weight = f"<= 8-bit codes (int8), fp32 power-of-two scale per group of {rest[0][1:]}"
     elif kind == "int8":
         weight = "int8 codes, fp32 scale per row"
     else:
         weight = f"{rest[0]} codes, fp32 scale per block of {rest[-1]}"
-    activation = {"int4": "bf16 (rounded from fp32)", "int8": "fp32", "embedding": "int64 indices"}[kind]
+    activation = {"int4": "bf16 (rounded from fp32)", "group": "bf16 (rounded from fp32)", "int8": "fp32",
+                  "embedding": "int64 indices"}[kind]
     return LoweringRecord(kernel=_KERNELS[kind], weight=weight, activation=activation)
 
 
@@ -204,7 +219,8 @@ def _record(how: str, backend: str, static: bool) -> LoweringRecord:
                 "bounded", min_sqnr_db=20.0,
                 note="weights equal the simulated ones exactly; per layer |lowered - simulated| <= tol * "
                      "(|x| @ |W|.T + |b|) with tol = (2K + 4) * 2^-24 for int8 weight-only (fp32 summation "
-                     "order), 2^-7 + (2K + 4) * 2^-24 for int4 (bf16 activations and outputs); embeddings exact; "
+                     "order), 2^-7 + (2K + 4) * 2^-24 for int4 and the group path (bf16 activations and outputs); "
+                     "embeddings exact; "
                      "8-bit-activation layers as lower_int8_transform_pass (activation rounding)"))
 def lower_weight_only_transform_pass(graph: ForgeGraph,
                                      args: LowerWeightOnlyArgs) -> tuple[ForgeGraph, LowerWeightOnlyInfo]:

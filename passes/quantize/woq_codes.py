@@ -133,7 +133,8 @@ def _bf16_exact(t: torch.Tensor) -> bool:
 
 
 def pick_kernel(wc: WeightCodes, out_features: int, in_features: int) -> tuple[str, int] | str:
-    """``("int4", group)`` or ``("int8", 0)``: the exact weight-only kernel for ``wc``, or why none is."""
+    """``("int4", group)``, ``("int8", 0)`` or ``("group", group)`` (a bf16 GEMM on the weight decoded exactly):
+    the exact weight-only kernel for ``wc``, or why none is."""
     int4_why = ""
     if wc.bits <= 4 and wc.pow2:
         group = wc.group if wc.group != in_features else \
@@ -148,7 +149,10 @@ def pick_kernel(wc: WeightCodes, out_features: int, in_features: int) -> tuple[s
             return "int4", group
     if wc.group == in_features and wc.bits <= 8:
         return "int8", 0
+    if wc.bits <= 8 and wc.pow2 and in_features % wc.group == 0 and _bf16_exact(wc.scale):
+        return "group", wc.group
     why = int4_why or (f"{wc.bits}-bit codes with " + ("power-of-two" if wc.pow2 else "non-power-of-two")
                        + f" scales per group of {wc.group}")
     return f"no exact weight-only kernel: {why} (int4 needs <= 4-bit codes and power-of-two scales per group of "\
-           f"32-256 inputs; int8 needs <= 8-bit codes and one scale per row)"
+           f"32-256 inputs; int8 needs <= 8-bit codes and one scale per row; the bf16 group path <= 8-bit codes "\
+           f"and normal power-of-two scales per group)"

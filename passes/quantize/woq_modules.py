@@ -201,7 +201,8 @@ class WeightOnlyInt4Linear(nn.Module):
         # unpacked for this call is ~2x faster, with the same roundings (bf16 in, fp32 sums, bf16 out)
         y = self._mm(x2) if w is None else F.linear(x2.to(torch.bfloat16), w)
         y = y.to(x.dtype).reshape(*lead, self.out_features)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
+        # in place on this call's own output: a second output-sized allocation can cost as much as the GEMM
+        return y if self.bias is None else y.add_(self.bias.to(x.dtype))
 
     def dequantized_weight(self) -> torch.Tensor:
         """The fp32 weight the kernel multiplies by: unpacked, or read back through the kernel itself (an identity
