@@ -112,7 +112,9 @@ def quantize(subject: Subject, method: str, cfg: dict[str, Any], rotation: Any) 
 def measure(subject: Subject, formats: list[str], bits: list[int], methods: list[str]) -> dict[str, Any]:
     """fp32 and every (format, bits, method) on one model; unavailable rows carry the error message."""
     fp32 = subject.evaluate(subject.graph)
-    print(f"\n{subject.name}: fp32 {subject.metric} {fp32:.4f}", flush=True)
+    paired_fp32 = None if subject.paired is None else subject.paired[2](subject.graph)
+    print(f"\n{subject.name}: fp32 {subject.metric} {fp32:.4f}"
+          + ("" if subject.paired is None else f", {subject.paired[0]} {paired_fp32:.4f}"), flush=True)
     rotation: Any = None
     if "rotation+GPTQ" in methods:
         try:
@@ -133,6 +135,10 @@ def measure(subject: Subject, formats: list[str], bits: list[int], methods: list
                     row["value"] = subject.evaluate(graph)
                     row["delta"] = row["value"] - fp32
                     shown = f"{row['value']:.4f} ({row['delta']:+.4f})"
+                    if subject.paired is not None and paired_fp32 is not None:
+                        row["paired"] = subject.paired[2](graph)
+                        row["paired_delta"] = row["paired"] - paired_fp32
+                        shown += f", {subject.paired[0]} {row['paired']:.4f} ({row['paired_delta']:+.4f})"
                 except NotAvailable as exc:
                     row["error"] = str(exc)
                     shown = f"not available: {exc}"
@@ -141,6 +147,8 @@ def measure(subject: Subject, formats: list[str], bits: list[int], methods: list
     return {"name": subject.name, "metric": subject.metric, "higher_is_better": subject.higher_is_better,
             "fp32": fp32, "targets": subject.targets, "layers": len(target_layers(subject.graph, subject.targets)),
             "setup": subject.setup, "rotate_args": subject.rotate_args, "rows": rows,
+            "paired": None if subject.paired is None else
+            {"metric": subject.paired[0], "higher_is_better": subject.paired[1], "fp32": paired_fp32},
             "rotation": None if rotation is None else
             {"error": str(rotation)} if isinstance(rotation, NotAvailable) else rotation[1]}
 
@@ -195,6 +203,35 @@ def table(result: dict[str, Any], formats: list[str], bits: list[int], methods: 
                 shown.append(f"{c['value']:.4f} ({c['delta']:+.4f})" + (f" [{len(notes)}]" if kept else ""))
         lines.append(f"| {method} | " + " | ".join(shown) + " |")
     return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def paired_view(result: dict[str, Any]) -> dict[str, Any] | None:
+    """``result`` as measured by its paired metric (rows' ``value`` / ``delta`` swapped for it), for :func:`table`
+    and :func:`verdict`; None when the model has no paired metric."""
+    paired = result.get("paired")
+    if not paired:
+        return None
+    rows = [{**r, "value": r["paired"], "delta": r["paired_delta"]} if "paired" in r else r for r in result["rows"]]
+    return {**result, "metric": paired["metric"], "higher_is_better": paired["higher_is_better"],
+            "fp32": paired["fp32"], "rows": rows}
+
+
+def verdict(result: dict[str, Any], methods: list[str], baseline: str = "RTN") -> list[str]:
+    """Per method: in how many measured (format, bits) cells it loses less than ``baseline`` (strictly better
+    value), by the model's metric and by its paired metric when it has one."""
+    views = [result] + [v for v in (paired_view(result),) if v is not None]
+    lines = []
+    for method in (m for m in methods if m != baseline):
+        parts = []
+        for view in views:
+            by_key = {(r["format"], r["bits"], r["method"]): r for r in view["rows"] if "value" in r}
+            sign = 1 if view["higher_is_better"] else -1
+            cells = [(k[0], k[1]) for k in by_key if k[2] == method and (k[0], k[1], baseline) in by_key]
+            wins = sum(sign * (by_key[(f, b, method)]["value"] - by_key[(f, b, baseline)]["value"]) > 0
+                       for f, b in cells)
+            parts.append(f"{wins}/{len(cells)} by {view['metric']}")
+        lines.append(f"{result['name']}: {method} loses less than {baseline} in " + ", ".join(parts))
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -255,7 +292,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      args.finetune_epochs, args.finetune_lr)
         print(f"{subject.name}: {json.dumps(subject.setup, default=str)}", flush=True)
         results.append(measure(subject, args.formats, args.bits, args.methods))
-    tables = [table(r, args.formats, args.bits, args.methods) for r in results]
+    tables = []
+    for r in results:
+        views = [r] + [v for v in (paired_view(r),) if v is not None]
+        tables.append("\n\n".join([*(table(v, args.formats, args.bits, args.methods) for v in views),
+                                    "\n".join(f"- {line}" for line in verdict(r, args.methods))]))
     setups = [f"- {r['name']}: {json.dumps(r['setup'], default=str)}; quantized: {r['layers']} linears matching "
               f"`{r['targets']}`; rotation {json.dumps(r['rotate_args'])}: {json.dumps(r['rotation'], default=str)}"
               for r in results]

@@ -4,13 +4,16 @@
   cached as a state dict in the run directory; measured by perplexity on held-out windows of the test split,
   calibrated on windows of the training split.
 * MiniLM fine-tuned on IMDb (``benchmarks.minilm_imdb``: the project's own fine-tune, cached as a checkpoint);
-  measured by accuracy on held-out test reviews, calibrated on training reviews (``Task.calibration``).
+  measured by accuracy on held-out test reviews, calibrated on training reviews (``Task.calibration``); and,
+  beside it, by the mean cross-entropy on the same reviews (``paired``): a continuous metric of every review,
+  so the difference between two methods is not lost in how few reviews flip their argmax.
 
 ``quick`` swaps both for tiny models trained for seconds (a smoke run: the numbers mean nothing).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -44,6 +47,8 @@ class Subject:
     targets: str
     rotate_args: dict[str, Any]
     setup: dict[str, Any] = field(default_factory=dict)  # sizes and sources, printed and written to the JSON
+    # a second metric of the same held-out samples (name, lower is better, function), printed beside the first
+    paired: tuple[str, bool, Callable[[ForgeGraph], float]] | None = None
 
 
 TINY_GPT = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--sequence_length", "64", "--batch_size", "8"]
@@ -149,4 +154,25 @@ def minilm_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_reviews: in
              "calibration": f"{seen} training reviews", "evaluation": f"{eval_reviews} test reviews (held out)"}
     # post-LN BERT: no fused rotation exists, so each block linear gets an online rotation (x·H at run time)
     rotate = {"mode": "online", "targets": {"regex": [BERT_TARGETS]}}
-    return Subject(name, "accuracy", True, graph.eval(), calib, task.accuracy, BERT_TARGETS, rotate, setup)
+    return Subject(name, "accuracy", True, graph.eval(), calib, task.accuracy, BERT_TARGETS, rotate, setup,
+                   ("held-out loss", False, functools.partial(mean_loss, task)))
+
+
+def mean_loss(task: Any, graph: ForgeGraph) -> float:
+    """Mean cross-entropy of the true label over the task's held-out samples (eval mode, no grad)."""
+    import torch.nn.functional as F
+
+    from ..search.task import logits_of, with_labels
+
+    model = graph.model
+    was, total, count = model.training, 0.0, 0
+    model.eval()
+    try:
+        with torch.no_grad():
+            for inputs, labels in task.eval_batches():
+                logits = logits_of(model(**with_labels(model, inputs, labels))).float()
+                total += float(F.cross_entropy(logits, labels, reduction="sum"))
+                count += int(labels.numel())
+    finally:
+        model.train(was)
+    return total / max(count, 1)

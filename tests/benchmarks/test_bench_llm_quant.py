@@ -60,6 +60,33 @@ def test_rows_are_measured_or_not_available(monkeypatch: pytest.MonkeyPatch) -> 
     assert md[5].startswith("| AWQ | not available: KeyError: \"no pass named 'no_such_awq_transform_pass'")
 
 
+def test_a_paired_metric_is_measured_beside_and_counted_in_the_verdict() -> None:
+    subject = _gpt_subject()
+    held = torch.randint(0, 64, (8, 33), generator=torch.Generator().manual_seed(5))
+
+    def top1(g: ForgeGraph) -> float:
+        with torch.no_grad():
+            return (g(held[:, :-1]).argmax(-1) == held[:, 1:]).float().mean().item()
+
+    subject.paired = ("top-1", True, top1)
+    res = bench.measure(subject, ["scaled_integer"], [3, 4], ["RTN", "GPTQ"])
+    assert res["paired"] == {"metric": "top-1", "higher_is_better": True, "fp32": top1(subject.graph)}
+    rtn_graph, _ = get_pass("quantize_transform_pass")(subject.graph, bench.weight_config("scaled_integer", 3,
+                                                                                         GPT_TARGETS))
+    rtn3 = next(r for r in res["rows"] if (r["method"], r["bits"]) == ("RTN", 3))
+    assert rtn3["paired"] == top1(rtn_graph) and rtn3["paired_delta"] == rtn3["paired"] - res["paired"]["fp32"]
+    view = bench.paired_view(res)
+    assert view is not None and view["fp32"] == res["paired"]["fp32"]
+    md = bench.table(view, ["scaled_integer"], [3, 4], ["RTN", "GPTQ"]).splitlines()
+    assert md[0].startswith("| gpt: top-1 (higher is better) |") and f"{rtn3['paired']:.4f}" in md[3]
+    rows = {(r["method"], r["bits"]): r for r in res["rows"]}
+    by_loss = sum(rows[("GPTQ", b)]["value"] < rows[("RTN", b)]["value"] for b in (3, 4))
+    by_top1 = sum(rows[("GPTQ", b)]["paired"] > rows[("RTN", b)]["paired"] for b in (3, 4))
+    assert bench.verdict(res, ["RTN", "GPTQ"]) == [
+        f"gpt: GPTQ loses less than RTN in {by_loss}/2 by loss, {by_top1}/2 by top-1"]
+    assert bench.paired_view(bench.measure(_gpt_subject(), ["scaled_integer"], [3], ["RTN"])) is None
+
+
 def test_a_pass_that_quantizes_other_layers_is_not_reported() -> None:
     """A method whose graph does not have exactly the block linears quantized is refused, not measured."""
     subject = _gpt_subject()
