@@ -255,7 +255,7 @@ def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.Argumen
                       n_trials=args.trials, sampler=args.sampler or "tpe", seed=args.seed,
                       pruner=None if args.pruner == "none" else args.pruner, fidelity=fidelity, run_dir=run,
                       study_name=f"ttt-{args.recipe}", resume=resume, fail_stale=fail_stale, timeout=timeout,
-                      progress=not worker and args.workers == 1, on_trial=met)
+                      progress=not worker and args.workers == 1, on_trial=met, worker=args.worker)
 
     if worker:  # Optuna starts no trial after the timeout; the launching process stops one still running
         search(True, False, max(1.0, args.deadline - time.time())).run()

@@ -58,7 +58,7 @@ _STRS = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x
 _TABLE = ("a table", lambda v: isinstance(v, dict))
 _MLFLOW = ("true/false or a tracking URI string", lambda v: isinstance(v, bool | str))
 _SEARCH_TYPES = {"study_name": _STR, "n_trials": _INT, "sampler": _STR, "pruner": _STR, "objectives": _STRS,
-                 "storage": _STR, "run_dir": _STR, "seed": _INT, "resume": _BOOL, "timeout": _NUM,
+                 "storage": _STR, "run_dir": _STR, "seed": _INT, "worker": _INT, "resume": _BOOL, "timeout": _NUM,
                  "mlflow": _MLFLOW, "fidelity": _TABLE,
                  "prefix_cache": ("true/false or a directory", lambda v: isinstance(v, bool | str))}
 _MODEL_TYPES = {"name": _STR, "checkpoint": _STR, "hf_input_names": _STRS, "num_labels": _INT}

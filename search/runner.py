@@ -192,6 +192,7 @@ class Search:
     constraints: Sequence[Constraint] = ()
     capture: Mapping[str, Any] = field(default_factory=dict)
     seed: int | None = 0
+    worker: int | None = None  # this process's index among workers sharing the study (seeds its sampler apart)
     progress: bool = True
     timeout: float | None = None
     on_trial: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
@@ -205,6 +206,8 @@ class Search:
     def __post_init__(self) -> None:
         self._objectives = resolve_objectives(self.objectives)
         check_run_settings(self.n_trials, self.seed, self.timeout, self.study_name, self._objectives, self.task)
+        if self.worker is not None and (type(self.worker) is not int or self.worker < 0):
+            raise SearchError(f"worker must be None or an integer >= 0, got {self.worker!r}")
         names = {o.name for o in self._objectives}
         for c in self.constraints:
             if c.objective not in names:
@@ -291,8 +294,9 @@ class Search:
         return self.space.to_spec()
 
     def _make_sampler(self, n_existing: int) -> optuna.samplers.BaseSampler:
-        """The sampler for a study holding ``n_existing`` trials: seeded so a resume draws new points."""
-        return make_sampler(self.sampler, study_seed(self.seed, n_existing))
+        """The sampler for a study holding ``n_existing`` trials: seeded so a resume draws new points, and so
+        concurrent workers draw different ones."""
+        return make_sampler(self.sampler, study_seed(self.seed, n_existing, self.worker))
 
     def baseline(self, study: optuna.Study) -> dict[str, float]:
         """Objectives of the base graph, measured once per study (stored in it for resumes and workers)."""

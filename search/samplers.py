@@ -3,7 +3,9 @@
 A study opened again (resumed, or joined) with the same base seed must not replay the sequence its first
 run drew: the sampler's seed is derived from the base seed and the number of trials the study already
 holds, so a resumed study samples new points, and the same seed with the same history still gives the
-same next parameters (a fresh study keeps the base seed itself).
+same next parameters (a fresh study keeps the base seed itself). Processes working on one study at the
+same time pass their worker index: two workers that open the study at the same trial count would otherwise
+get the same seed and, from the same history, sample the same points (each evaluated twice).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ PRUNERS: tuple[str, ...] = ("hyperband", "median", "none", "successive_halving")
 MAX_SEED = 2**32 - 1  # numpy's RandomState, which Optuna's samplers seed, takes 0 .. 2**32 - 1
 
 
-def study_seed(seed: int | None, n_existing: int) -> int | None:
-    """The sampler seed for a study that already holds ``n_existing`` trials (any state): ``seed`` for a new
-    study, otherwise a hash of both (None stays None: unseeded)."""
-    if seed is None or n_existing == 0:
+def study_seed(seed: int | None, n_existing: int, worker: int | None = None) -> int | None:
+    """The sampler seed for a study that already holds ``n_existing`` trials (any state), opened by worker
+    ``worker`` (None: the only process): ``seed`` for a new study opened by its only process, otherwise a hash
+    of all three (None stays None: unseeded)."""
+    if seed is None or (n_existing == 0 and worker is None):
         return seed
-    digest = hashlib.sha256(f"fxforge-sampler:{seed}:{n_existing}".encode()).digest()
+    tag = "" if worker is None else f":worker{worker}"
+    digest = hashlib.sha256(f"fxforge-sampler:{seed}:{n_existing}{tag}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
 
 

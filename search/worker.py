@@ -1,7 +1,9 @@
 """Join a shared study as one more worker (``fxforge search worker --storage postgresql://… --study NAME``).
 
 The worker rebuilds the search from the config stored in the study by whoever created it (no config
-file needs to travel), then evaluates trials until the study holds its target count. Each worker
+file needs to travel), then evaluates trials until the study holds its target count. Its sampler is
+seeded apart from the other workers' (by its process id unless ``worker=`` gives an index): workers joining
+at the same trial count would otherwise sample the same points. Each worker
 heartbeats (PostgreSQL and SQLite); a worker killed mid-trial leaves a trial that another worker's
 heartbeat check (or a resume) marks failed and re-queues with the same parameters.
 """
@@ -9,6 +11,7 @@ heartbeat check (or a resume) marks failed and re-queues with the same parameter
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import optuna
@@ -22,6 +25,7 @@ __all__ = ["study_config", "worker"]
 
 def worker(study_name: str, storage: str, **overrides: Any) -> Any:
     """Run trials of the existing study ``study_name`` at ``storage``; returns its SearchResult."""
+    overrides.setdefault("worker", os.getpid())
     search = search_from_config(study_config(study_name, storage), storage=storage, study_name=study_name,
                                 resume=True, allow_outside_root=True, **overrides)  # its run_dir was its creator's
     return search.run()

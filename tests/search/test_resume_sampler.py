@@ -46,3 +46,27 @@ def test_resumed_study_samples_new_points_reproducibly(setup, tmp_path: Path, sa
     assert not [t.number for t in trials[3:] if "cached_from" in trial_result(t)]  # each a new point, evaluated
     again = run_twice(tmp_path / "b")  # same seed, same history: same next parameters
     assert [t.params for t in again] == [t.params for t in trials]
+
+
+def test_workers_opening_a_study_together_sample_different_points(setup, tmp_path: Path) -> None:
+    """Two workers that open the study at the same trial count (both at its start, as search_joint's --workers
+    launch them) drew the same points from the same seed: each configuration was evaluated twice."""
+    mg, task = setup
+
+    def first_params(worker: int | None, run_dir: Path) -> list[dict]:
+        search = Search(SPACE, ["accuracy", "avg_weight_bits"], base=mg, task=task, n_trials=3, sampler="tpe",
+                        run_dir=run_dir, progress=False, seed=0, worker=worker)
+        study = search.open_study()  # what each worker process does first: same study, same (empty) history
+        drawn = []
+        for _ in range(3):
+            trial = study.ask()
+            search._bound.suggest(trial)
+            drawn.append(dict(trial.params))
+        return drawn
+
+    a = first_params(0, tmp_path / "w0")
+    b = first_params(1, tmp_path / "w1")
+    assert a != b
+    assert first_params(0, tmp_path / "w0-again") == a  # a worker's index gives a reproducible seed
+    with pytest.raises(Exception, match="worker must be None or an integer >= 0"):
+        Search(SPACE, ["accuracy"], base=mg, task=task, worker=-1)
