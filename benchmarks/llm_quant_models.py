@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -154,25 +153,48 @@ def minilm_subject(run_dir: Path, quick: bool, calib_seqs: int, eval_reviews: in
              "calibration": f"{seen} training reviews", "evaluation": f"{eval_reviews} test reviews (held out)"}
     # post-LN BERT: no fused rotation exists, so each block linear gets an online rotation (x·H at run time)
     rotate = {"mode": "online", "targets": {"regex": [BERT_TARGETS]}}
-    return Subject(name, "accuracy", True, graph.eval(), calib, task.accuracy, BERT_TARGETS, rotate, setup,
-                   ("held-out loss", False, functools.partial(mean_loss, task)))
+    held_out = HeldOut(task)
+    return Subject(name, "accuracy", True, graph.eval(), calib, held_out.accuracy, BERT_TARGETS, rotate, setup,
+                   ("held-out loss", False, held_out.loss))
 
 
-def mean_loss(task: Any, graph: ForgeGraph) -> float:
-    """Mean cross-entropy of the true label over the task's held-out samples (eval mode, no grad)."""
-    import torch.nn.functional as F
+class HeldOut:
+    """Accuracy and mean cross-entropy of the true label over a task's held-out samples, from one pass over
+    them (eval mode, no grad): the second metric asked for the same graph is the one the first pass kept."""
 
-    from ..search.task import logits_of, with_labels
+    def __init__(self, task: Any) -> None:
+        self.task = task
+        self._last: tuple[ForgeGraph, float, float] | None = None
 
-    model = graph.model
-    was, total, count = model.training, 0.0, 0
-    model.eval()
-    try:
-        with torch.no_grad():
-            for inputs, labels in task.eval_batches():
-                logits = logits_of(model(**with_labels(model, inputs, labels))).float()
-                total += float(F.cross_entropy(logits, labels, reduction="sum"))
-                count += int(labels.numel())
-    finally:
-        model.train(was)
-    return total / max(count, 1)
+    def measure(self, graph: ForgeGraph) -> tuple[float, float]:
+        """(accuracy, mean loss) of ``graph``, measured now."""
+        import torch.nn.functional as F
+
+        from ..search.task import logits_of, with_labels
+
+        model = graph.model
+        was, correct, total, count = model.training, 0, 0.0, 0
+        model.eval()
+        try:
+            with torch.no_grad():
+                for inputs, labels in self.task.eval_batches():
+                    logits = logits_of(model(**with_labels(model, inputs, labels))).float()
+                    correct += int((logits.argmax(-1) == labels).sum())
+                    total += float(F.cross_entropy(logits, labels, reduction="sum"))
+                    count += int(labels.numel())
+        finally:
+            model.train(was)
+        if count == 0:
+            raise ValueError("the task's held-out data is empty")
+        self._last = (graph, correct / count, total / count)
+        return correct / count, total / count
+
+    def _kept(self, graph: ForgeGraph) -> tuple[float, float]:
+        last = self._last
+        return (last[1], last[2]) if last is not None and last[0] is graph else self.measure(graph)
+
+    def accuracy(self, graph: ForgeGraph) -> float:
+        return self.measure(graph)[0]
+
+    def loss(self, graph: ForgeGraph) -> float:
+        return self._kept(graph)[1]

@@ -122,3 +122,29 @@ def test_quick_run_writes_the_tables_it_measured(tmp_path: Path, capsys: pytest.
                                                                                       GPT_TARGETS))
     assert subject.evaluate(subject.graph) == pytest.approx(gpt["fp32"], rel=1e-6)
     assert subject.evaluate(graph) == pytest.approx(rtn3["value"], rel=1e-6) and rtn3["value"] != gpt["fp32"]
+
+
+def test_held_out_accuracy_and_loss_come_from_one_pass() -> None:
+    from conftest import bert_inputs, make_tiny_bert
+
+    from fxforge.benchmarks.llm_quant_models import HeldOut
+    from fxforge.search import TensorTask
+
+    inputs = bert_inputs(labels=False, batch=10, seq=9)
+    labels = torch.tensor([0, 1] * 5)
+    task = TensorTask(inputs, labels, batch_size=4)
+    graph = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask"]).eval()
+    held = HeldOut(task)
+    passes = []
+    original = task.eval_batches
+    task.eval_batches = lambda: passes.append(1) or original()  # type: ignore[method-assign]
+    acc = held.accuracy(graph)
+    loss = held.loss(graph)
+    assert len(passes) == 1  # the loss of the graph just measured is the one that pass kept
+    assert acc == task.accuracy(graph)
+    with torch.no_grad():
+        logits = graph(**inputs).logits
+    assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, labels)), rel=1e-6)
+    other = graph.copy()
+    held.loss(other)  # another graph: measured, not the kept value
+    assert len(passes) == 3
