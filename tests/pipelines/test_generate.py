@@ -123,7 +123,9 @@ def test_lowered_graphs_generate_the_tokens_of_their_simulated_twins(fmt: str, t
     sim, _ = passes.quantize_transform_pass(sim, {"by": "type", "linear": {"config": weight}})
     low, info = passes.lower_weight_only_transform_pass(sim.copy())
     kinds = set(info.lowered.values())
-    assert len(info.lowered) >= 14 and all(k.startswith(fmt) for k in kinds), info
+    # MXINT4: the LM head's rows (the vocabulary) are not a multiple of 16, so it takes the bf16 group path
+    expected = {"int8": {"int8"}, "int4": {"int4 g32", "group g32"}}[fmt]
+    assert len(info.lowered) >= 14 and kinds == expected and info.skipped == {}, info
     back = ForgeGraph.from_checkpoint(low.export(tmp_path / "lowered"))
     for seed, (length, new) in enumerate([(1, 12), (5, 30)]):
         prompt = _prompt(length, seed + 20)
