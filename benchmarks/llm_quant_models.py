@@ -46,7 +46,7 @@ class Subject:
     targets: str
     rotate_args: dict[str, Any]
     setup: dict[str, Any] = field(default_factory=dict)  # sizes and sources, printed and written to the JSON
-    # a second metric of the same held-out samples (name, lower is better, function), printed beside the first
+    # a second metric of the same held-out samples (name, higher is better?, function), printed beside the first
     paired: tuple[str, bool, Callable[[ForgeGraph], float]] | None = None
 
 
