@@ -96,6 +96,21 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def build_key(design: dict[str, Any], design_dir: Path, sim: str) -> str:
+    """The cached build's key: the design's sources and the toolchain that builds them (this Python
+    environment, where cocotb's simulator glue lives, and the simulator executable). A build's makefile names
+    those absolute paths, so a build cached by another checkout or venv (CI's) must not be reused here."""
+    import cocotb
+
+    digest = hashlib.sha256()
+    for name in design["sources"]:
+        digest.update(name.encode() + b"\0" + (design_dir / name).read_bytes())
+    exe = shutil.which({"icarus": "iverilog"}.get(sim, sim))
+    toolchain = (sys.prefix, str(Path(cocotb.__file__).resolve().parent), str(exe or ""))
+    digest.update("\0".join(toolchain).encode())
+    return digest.hexdigest()[:16]
+
+
 def _build(runner: Any, simulator: str, design: dict[str, Any], src_dir: Path, build_dir: Path) -> float:
     """Build (or reuse: verilator skips identical inputs, make up-to-date objects) the simulator model of the
     design's sources copied into ``build_dir``; the seconds it took."""
@@ -140,10 +155,7 @@ def simulate_design(design_dir: str | Path, x_int: torch.Tensor, *, simulator: s
         raise SimulationError(f"inputs must be integers of the design's {design['input']['width']}-bit input "
                               f"format, in [{lo}, {hi}]; quantize them first (hardware.quantize_input)")
     root = Path(build_root) if build_root is not None else Path(tempfile.gettempdir()) / "fxforge-hw-builds"
-    digest = hashlib.sha256()
-    for name in design["sources"]:
-        digest.update(name.encode() + b"\0" + (design_dir / name).read_bytes())
-    build_dir = (root / f"{sim}-{design['top']}-{digest.hexdigest()[:16]}").resolve()
+    build_dir = (root / f"{sim}-{design['top']}-{build_key(design, design_dir, sim)}").resolve()
     with _sim_environment():
         runner = get_runner(sim)
         build_seconds = _build(runner, sim, design, design_dir, build_dir)
