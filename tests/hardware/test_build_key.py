@@ -16,7 +16,8 @@ def test_build_key_follows_the_sources_and_the_toolchain(tmp_path: Path, monkeyp
     design = {"top": "top", "sources": ["top.sv"]}
     key = build_key(design, tmp_path, "verilator")
     assert key == build_key(design, tmp_path, "verilator")  # a rebuild of the same design here is a cache hit
-    monkeypatch.setattr(sys, "prefix", "/check/work/main/.venv")  # CI's venv: its makefile names other paths
+    other = sys.prefix + "-another-checkout"  # another venv (CI's, a colleague's): its makefile names other paths
+    monkeypatch.setattr(sys, "prefix", other)
     assert build_key(design, tmp_path, "verilator") != key
     monkeypatch.undo()
     (tmp_path / "top.sv").write_text("module top; wire a; endmodule\n")
