@@ -171,6 +171,20 @@ def test_mxint8_shared_scale_and_elements() -> None:
     assert torch.allclose(mxint_quantize(x2, axis=1), x2, atol=x2.abs().max().item() * 2**-6)
 
 
+def test_mxint3_block_by_hand_and_wider_grids_nest() -> None:
+    # amax 1.9 -> shared exponent 0; MXINT3 elements are 3-bit codes [-4, 3] of step 2^0 / 2^1 = 0.5
+    x = torch.tensor([1.9, -1.9, 0.74, 0.26, 0.24, -0.6, 0.0, 1.25])
+    assert torch.equal(mxint_quantize(x, 3, block_size=8), torch.tensor([1.5, -2.0, 0.5, 0.5, 0.0, -0.5, 0.0, 1.0]))
+    # MXINT(w+1)'s grid holds MXINT(w)'s (half the step, a wider range, the same shared exponent), so round to
+    # nearest never puts an element further from its value at more bits: the bench's 'MXINT 3-bit beats 4-bit'
+    # on MiniLM accuracy is the model's, not the quantizer's
+    w = torch.randn(64, 96) * torch.logspace(-3, 1, 96)
+    for bits in range(2, 8):
+        fewer = (mxint_quantize(w, bits) - w).abs()
+        more = (mxint_quantize(w, bits + 1) - w).abs()
+        assert bool((more <= fewer).all()) and float(more.norm()) < float(fewer.norm())
+
+
 def test_block_fp_saturation_and_gradient() -> None:
     x = torch.tensor([3.0, -3.9, 0.1, 0.0])  # amax 3.9 -> exponent 1, 4-bit elements step 2^(1-2) = 0.5
     q = block_fp_quantize(x, width=4, block_size=4)
