@@ -5,7 +5,8 @@ so those choices silently did nothing. Here every field is checked against the c
 unknown field is a SearchError before the study starts, and so is a choice the model cannot be built
 with, e.g. a negative size), a combination the model cannot build (hidden size not divisible by the
 heads) is pruned before any training, and a Linear whose input and
-output widths match may optionally be replaced by ``nn.Identity`` per trial.
+output widths match may optionally be replaced by ``nn.Identity`` per trial. With ``init_from`` each
+trial's model inherits a pretrained donor's weights (``nas_inherit``) instead of starting from random ones.
 """
 
 from __future__ import annotations
@@ -73,13 +74,18 @@ class NASSpace(SearchSpace):
         model_class: the transformers model class built from the config per trial.
         identity: regexes over Linear module paths that may become ``nn.Identity`` (only where the
             layer's input and output widths are equal, so shapes still fit).
+        init_from: a pretrained model (HF name, local directory, or ``"minilm"``) whose weights every
+            trial's model inherits, sliced to its widths and spread over its depth (``nas_inherit``).
     """
 
     kind = "nas"
 
     def __init__(self, config_class: str, choices: Mapping[str, Sequence[Any]], base: Mapping[str, Any] | None = None,
                  model_class: str = "AutoModelForSequenceClassification",
-                 identity: Sequence[str] = ()) -> None:
+                 identity: Sequence[str] = (), init_from: str | None = None) -> None:
+        if init_from is not None and (not isinstance(init_from, str) or not init_from.strip()):
+            raise SearchError(f"nas space: init_from must be a model name or directory, got {init_from!r}")
+        self.init_from = init_from
         self.config_class = config_class
         self.base = dict(base or {})
         self.model_class = model_class
@@ -98,10 +104,15 @@ class NASSpace(SearchSpace):
     def bind(self, graph: ForgeGraph | None) -> NASSpace:
         """Refuse, before any trial, a choice with which the model cannot be built (a negative or zero size,
         a float where the config wants an int ...): each choice must build, on the meta device (no memory),
-        with some choice of the other fields that the sampler would not prune."""
+        with some choice of the other fields that the sampler would not prune; and load ``init_from``."""
         import itertools
 
         import torch
+
+        if self.init_from is not None:
+            from .nas_inherit import load_donor
+
+            load_donor(self.init_from)
 
         fields = list(self.choices)
         good: set[tuple[str, Any]] = set()
@@ -117,7 +128,7 @@ class NASSpace(SearchSpace):
                         continue
                     try:
                         with torch.device("meta"):
-                            self.build_model(overrides, ())
+                            self._build(overrides, (), inherit=False)
                     except Exception as exc:  # whatever the config or the model's constructor raises
                         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                         continue
@@ -145,16 +156,24 @@ class NASSpace(SearchSpace):
 
     def identity_candidates(self, overrides: Mapping[str, Any]) -> list[str]:
         """Linear paths matching ``identity`` whose in/out widths are equal, for this configuration."""
-        model = self.build_model(overrides, ())
+        model = self._build(overrides, (), inherit=False)
         return [p for p, m in model.named_modules() if isinstance(m, nn.Linear)
                 and m.in_features == m.out_features and any(r.fullmatch(p) for r in self.identity)]
 
     def build_model(self, overrides: Mapping[str, Any], identity_layers: Sequence[str]) -> nn.Module:
-        """A freshly initialised model of this configuration, with the chosen layers made Identity."""
+        """A model of this configuration (freshly initialised, or inheriting ``init_from``'s weights), with the
+        chosen layers made Identity."""
+        return self._build(overrides, identity_layers, inherit=self.init_from is not None)
+
+    def _build(self, overrides: Mapping[str, Any], identity_layers: Sequence[str], inherit: bool) -> nn.Module:
         config = build_config(self.config_class, self.base, overrides)
         cls = resolve_hf_class(self.model_class, "PreTrainedModel") if not self.model_class.startswith("Auto") \
             else _auto_class(self.model_class)
         model = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+        if inherit and self.init_from is not None:
+            from .nas_inherit import inherit_weights, load_donor
+
+            inherit_weights(model, load_donor(self.init_from), int(getattr(config, "num_hidden_layers", 1) or 1))
         for path in identity_layers:
             parent, _, leaf = path.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, leaf, nn.Identity())
@@ -165,9 +184,10 @@ class NASSpace(SearchSpace):
         return False
 
     def to_spec(self) -> dict[str, Any]:
-        return {"kind": self.kind, "config_class": self.config_class, "choices": {k: list(v) for k, v in
+        spec = {"kind": self.kind, "config_class": self.config_class, "choices": {k: list(v) for k, v in
                 self.choices.items()}, "base": dict(self.base), "model_class": self.model_class,
                 "identity": [r.pattern for r in self.identity]}
+        return spec if self.init_from is None else {**spec, "init_from": self.init_from}
 
 
 def _pruned_because(config: Mapping[str, Any]) -> str | None:
@@ -187,7 +207,7 @@ def _auto_class(name: str) -> Any:
 
 
 def _from_spec(spec: Mapping[str, Any]) -> NASSpace:
-    unknown_keys("nas", spec, ("config_class", "choices", "base", "model_class", "identity"))
+    unknown_keys("nas", spec, ("config_class", "choices", "base", "model_class", "identity", "init_from"))
     if "config_class" not in spec or "choices" not in spec:
         raise SearchError("nas space needs 'config_class' and 'choices'")
     return NASSpace(**dict(spec))
