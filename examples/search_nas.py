@@ -1,6 +1,7 @@
 """MASE tutorial 5, as a library call: NAS over a small BERT's real config fields on IMDb.
 
     .venv/bin/python -m fxforge.examples.search_nas --space tutorial --trials 20     # tutorial 5's space, TPE
+    .venv/bin/python -m fxforge.examples.search_nas --space tutorial --trials 20 --init-from minilm
     .venv/bin/python -m fxforge.examples.search_nas --trials 12                      # a smaller space
     (smoke test: --trials 2 --train-size 32 --eval-size 16 --max-length 16 --epochs 1 --sizes 16 --ffn-sizes 32)
 
@@ -12,6 +13,9 @@ Each trial builds a fresh BertForSequenceClassification from the sampled configu
 their real names: ``num_hidden_layers``, ``num_attention_heads``, ``hidden_size``,
 ``intermediate_size``), captures it, trains it briefly through ``get_trainer`` and measures accuracy;
 impossible head splits are pruned before training, and the median pruner stops weak trials early.
+Trained from random weights for a CPU trial's few dozen steps, these models stay near chance; with
+``--init-from minilm`` each inherits the offline pretrained MiniLM's weights (sliced to its widths, its
+blocks spread over its depth: ``fxforge.search.nas_inherit``), as weight-sharing NAS does.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ffn-sizes", type=int, nargs="+", default=[128, 256, 512], help="FFN sizes to choose from")
     p.add_argument("--space", choices=("small", "tutorial"), default="small",
                    help="tutorial: tutorial 5's choices (--sizes and --ffn-sizes ignored)")
+    p.add_argument("--init-from", default=None,
+                   help="pretrained weights every trial's model inherits: 'minilm' (offline), an HF name or directory")
+    p.add_argument("--lr", type=float, default=5e-4, help="fine-tune learning rate per trial")
     p.add_argument("--sampler", default="tpe")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-dir", default="out/search-nas")
@@ -56,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         "num_hidden_layers": [1, 2, 4], "num_attention_heads": [2, 4, 8], "hidden_size": args.sizes,
         "intermediate_size": args.ffn_sizes}
     space = NASSpace("BertConfig", fields,
-                     base={"vocab_size": 30522, "max_position_embeddings": args.max_length, "num_labels": 2})
+                     base={"vocab_size": 30522, "max_position_embeddings": args.max_length, "num_labels": 2},
+                     init_from=args.init_from)
     task = TextClassificationTask("imdb", train_size=args.train_size, eval_size=args.eval_size,
                                   max_length=args.max_length,
-                                  train_args={"num_train_epochs": args.epochs, "learning_rate": 5e-4,
+                                  train_args={"num_train_epochs": args.epochs, "learning_rate": args.lr,
                                               "per_device_train_batch_size": 32}, report_every=args.report_every)
     run = Path(args.run_dir)
     result = Search(space, ["accuracy"], task=task, n_trials=args.trials, sampler=args.sampler, pruner="median",

@@ -12,6 +12,12 @@ network's tensors. Here, for each parameter or buffer of the new model:
   takes evenly spread donor blocks (2 of 6: blocks 0 and 3), a deeper one repeats neighbours;
 * a tensor the donor does not have (a new classification head) stays fresh.
 
+Measured on IMDb (MiniLM donor, 1000 reviews, 63 fine-tune steps, 300 held-out reviews): a 4-layer model at
+MiniLM's residual width 384 reaches 0.773; models whose residual width is sliced (128 or 256 of 384) stay at
+chance (0.497) at learning rates 5e-5 to 1e-3 and 250 steps, and the 8-layer 512-wide one reaches 0.693 only at
+5e-5. A pretrained network's residual channels are not ordered by importance the way once-for-all's progressively
+shrunk supernet is, so inheritance transfers depth, head and FFN changes, not a narrower residual stream.
+
 The donor is read once per process from safetensors (``use_safetensors``: no pickle), by HF name or local
 directory; ``"minilm"`` is the offline all-MiniLM-L6-v2 package.
 """

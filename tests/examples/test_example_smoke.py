@@ -38,6 +38,27 @@ def test_search_nas_example_builds_trains_and_exports_the_best_configuration(
     assert count and int(count.group(1).replace(",", "")) == sum(p.numel() for p in best.model.parameters())
     assert count.group(2) == found.group(2)
     assert any(p.suffix == ".html" for p in (run / "plots").iterdir())
+
+
+def test_search_nas_example_trials_inherit_the_donor_given_by_init_from(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--init-from: the trial's model starts from the donor's weights (at learning rate 0 the exported best
+    still holds them: the leading slice of the donor's block 0 query)."""
+    from transformers import BertConfig, BertModel
+
+    from fxforge.examples.search_nas import main
+
+    torch.manual_seed(0)
+    donor = BertModel(BertConfig(hidden_size=24, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48))
+    donor.save_pretrained(tmp_path / "donor", safe_serialization=True)
+    run = tmp_path / "nas"
+    assert main(["--trials", "1", "--train-size", "32", "--eval-size", "16", "--max-length", "16", "--epochs", "1",
+                 "--report-every", "1", "--sizes", "16", "--ffn-sizes", "32", "--run-dir", str(run), "--lr", "0",
+                 "--init-from", str(tmp_path / "donor")]) == 0
+    assert "best configuration" in capsys.readouterr().out
+    best = ForgeGraph.from_checkpoint(next((run / "best").iterdir()))
+    query = dict(best.model.named_parameters())["bert.encoder.layer.0.attention.self.query.weight"]
+    assert torch.equal(query, donor.encoder.layer[0].attention.self.query.weight.detach()[:16, :16])
     ids = torch.randint(0, 30522, (2, 16))
     with torch.no_grad():
         assert best(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(2, dtype=torch.long)
