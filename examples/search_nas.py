@@ -1,9 +1,7 @@
 """MASE tutorial 5, as a library call: NAS over a small BERT's real config fields on IMDb.
 
     .venv/bin/python -m fxforge.examples.search_nas --space tutorial --trials 20     # tutorial 5's space, TPE
-    .venv/bin/python -m fxforge.examples.search_nas --space tutorial --trials 20 --train-size 4000 --lr 1e-3 \
-        --warmup 0.1 --report-every 50                                          # from random weights, as tutorial 5
-    .venv/bin/python -m fxforge.examples.search_nas --space tutorial --trials 20 --init-from minilm
+    .venv/bin/python -m fxforge.examples.search_nas --space tutorial --trials 20 --init-from minilm --lr 1e-4
     .venv/bin/python -m fxforge.examples.search_nas --trials 12                      # a smaller space
     (smoke test: --trials 2 --train-size 32 --eval-size 16 --max-length 16 --epochs 1 --sizes 16 --ffn-sizes 32)
 
@@ -15,9 +13,16 @@ Each trial builds a fresh BertForSequenceClassification from the sampled configu
 their real names: ``num_hidden_layers``, ``num_attention_heads``, ``hidden_size``,
 ``intermediate_size``), captures it, trains it briefly through ``get_trainer`` and measures accuracy;
 impossible head splits are pruned before training, and the median pruner stops weak trials early.
-Trained from random weights for a CPU trial's few dozen steps, these models stay near chance; with
-``--init-from minilm`` each inherits the offline pretrained MiniLM's weights (sliced to its widths, its
-blocks spread over its depth: ``fxforge.search.nas_inherit``), as weight-sharing NAS does.
+From random weights, 63 steps (1000 reviews) or no warmup left every model at chance. With ``--init-from
+minilm`` each trial inherits the offline pretrained MiniLM's weights (sliced to its widths, its blocks spread
+over its depth: ``fxforge.search.nas_inherit``), as weight-sharing NAS does; that helps models at MiniLM's
+width 384 (0.773 after 63 steps), not narrower ones.
+
+Measured with the defaults (each trial from random weights: 4000 reviews x 2 epochs = 250 steps at 1e-3 with
+10 % warmup; 2-core Xeon, 33 minutes for 20 trials): the best architecture, 2 layers, 8 heads, hidden 192, FFN
+512 (6.6 M parameters), scored 0.810 on the 300 held-out reviews the search selected on and 0.781 on 2,000;
+bert-tiny's own architecture scored 0.767 in the same run; deeper models (4-8 layers) mostly stayed at chance
+within 250 steps and the median pruner stopped them.
 """
 
 from __future__ import annotations
@@ -44,19 +49,20 @@ REFERENCE_ACCURACY = 0.860  # bert-tiny, tutorial 5's reference point as issue 3
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=12)
-    p.add_argument("--train-size", type=int, default=1000)
+    p.add_argument("--train-size", type=int, default=4000)
     p.add_argument("--eval-size", type=int, default=300)
     p.add_argument("--max-length", type=int, default=128, help="tokens kept per review")
     p.add_argument("--epochs", type=float, default=2.0, help="training epochs per trial")
-    p.add_argument("--report-every", type=int, default=30, help="steps between accuracies fed to the pruner")
+    p.add_argument("--report-every", type=int, default=50, help="steps between accuracies fed to the pruner")
     p.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 192], help="hidden sizes to choose from")
     p.add_argument("--ffn-sizes", type=int, nargs="+", default=[128, 256, 512], help="FFN sizes to choose from")
     p.add_argument("--space", choices=("small", "tutorial"), default="small",
                    help="tutorial: tutorial 5's choices (--sizes and --ffn-sizes ignored)")
     p.add_argument("--init-from", default=None,
                    help="pretrained weights every trial's model inherits: 'minilm' (offline), an HF name or directory")
-    p.add_argument("--lr", type=float, default=5e-4, help="fine-tune learning rate per trial")
-    p.add_argument("--warmup", type=float, default=0.0,
+    p.add_argument("--lr", type=float, default=1e-3,
+                   help="learning rate per trial (from random weights; with --init-from, 5e-5 to 2e-4 worked)")
+    p.add_argument("--warmup", type=float, default=0.1,
                    help="fraction of each trial's steps warming the learning rate up (measured on 4000 reviews: "
                         "a 4-layer BERT from random weights stayed at chance through 200 steps at 1e-3 without "
                         "it; with 0.1 it reached 0.77 after 250 steps)")
