@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", default="out/search-nas")
     p.add_argument("--resume", action="store_true")
     args = p.parse_args(argv)
+    if not 0.0 <= args.warmup < 1.0 or args.lr < 0.0:  # refused before the study, not inside trial 0
+        p.error(f"--warmup must be in [0, 1) and --lr >= 0 (got {args.warmup}, {args.lr})")
     fields = dict(TUTORIAL) if args.space == "tutorial" else {
         "num_hidden_layers": [1, 2, 4], "num_attention_heads": [2, 4, 8], "hidden_size": args.sizes,
         "intermediate_size": args.ffn_sizes}

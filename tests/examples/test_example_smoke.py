@@ -56,6 +56,9 @@ def test_search_nas_example_trials_inherit_the_donor_given_by_init_from(
                  "--report-every", "1", "--sizes", "16", "--ffn-sizes", "32", "--run-dir", str(run), "--lr", "0",
                  "--init-from", str(tmp_path / "donor")]) == 0
     assert "best configuration" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a warmup fraction outside [0, 1) is refused before any study is created
+        main(["--warmup", "1.5", "--run-dir", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
     best = ForgeGraph.from_checkpoint(next((run / "best").iterdir()))
     query = dict(best.model.named_parameters())["bert.encoder.layer.0.attention.self.query.weight"]
     assert torch.equal(query, donor.encoder.layer[0].attention.self.query.weight.detach()[:16, :16])
