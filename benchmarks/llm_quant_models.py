@@ -167,25 +167,13 @@ class HeldOut:
         self._last: tuple[ForgeGraph, float, float] | None = None
 
     def measure(self, graph: ForgeGraph) -> tuple[float, float]:
-        """(accuracy, mean loss) of ``graph``, measured now."""
+        """(accuracy, mean loss) of ``graph``, measured now from the task's one pass over its held-out data."""
         import torch.nn.functional as F
 
-        from ..search.task import logits_of, with_labels
-
-        model = graph.model
-        was, correct, total, count = model.training, 0, 0.0, 0
-        model.eval()
-        try:
-            with torch.no_grad():
-                for inputs, labels in self.task.eval_batches():
-                    logits = logits_of(model(**with_labels(model, inputs, labels))).float()
-                    correct += int((logits.argmax(-1) == labels).sum())
-                    total += float(F.cross_entropy(logits, labels, reduction="sum"))
-                    count += int(labels.numel())
-        finally:
-            model.train(was)
-        if count == 0:
-            raise ValueError("the task's held-out data is empty")
+        pairs = self.task.held_out_logits(graph)
+        count = sum(int(labels.numel()) for _, labels in pairs)
+        correct = sum(int((logits.argmax(-1) == labels).sum()) for logits, labels in pairs)
+        total = sum(float(F.cross_entropy(logits, labels, reduction="sum")) for logits, labels in pairs)
         self._last = (graph, correct / count, total / count)
         return correct / count, total / count
 

@@ -80,23 +80,27 @@ class Task(ABC):
 
         return data, loss_fn
 
-    def accuracy(self, graph: ForgeGraph) -> float:
-        """Fraction of held-out samples whose argmax logit equals the label (eval mode, no grad)."""
+    def held_out_logits(self, graph: ForgeGraph) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(float logits, labels) of every held-out batch, from one pass in eval mode without grad: what the
+        accuracy (and a benchmark's held-out loss) is computed from."""
         model = graph.model
         was_training = model.training
         model.eval()
-        correct = total = 0
         try:
             with torch.no_grad():
-                for inputs, labels in self.eval_batches():
-                    pred = logits_of(model(**with_labels(model, inputs, labels))).argmax(-1)
-                    correct += int((pred == labels).sum())
-                    total += int(labels.numel())
+                pairs = [(logits_of(model(**with_labels(model, inputs, labels))).float(), labels)
+                         for inputs, labels in self.eval_batches()]
         finally:
             model.train(was_training)
-        if total == 0:
+        if sum(int(labels.numel()) for _, labels in pairs) == 0:
             raise SearchError("the task's evaluation data is empty")
-        return correct / total
+        return pairs
+
+    def accuracy(self, graph: ForgeGraph) -> float:
+        """Fraction of held-out samples whose argmax logit equals the label (eval mode, no grad)."""
+        pairs = self.held_out_logits(graph)
+        correct = sum(int((logits.argmax(-1) == labels).sum()) for logits, labels in pairs)
+        return correct / sum(int(labels.numel()) for _, labels in pairs)
 
 
 class TensorTask(Task):
