@@ -10,7 +10,7 @@ from transformers import BertConfig, BertModel
 
 from fxforge.search import NASSpace
 from fxforge.search.errors import SearchError
-from fxforge.search.nas_inherit import donor_block, load_donor
+from fxforge.search.nas_inherit import donor_block, inherit_weights, load_donor
 from fxforge.search.space import SPACES
 
 BASE = {"vocab_size": 120, "max_position_embeddings": 32, "num_labels": 2}
@@ -70,10 +70,17 @@ def test_wider_and_deeper_models_keep_fresh_weights_beyond_the_donor(donor_dir: 
         q = model.bert.encoder.layer[i].attention.self.query.weight
         assert torch.equal(q[:32, :32], want[f"encoder.layer.{b}.attention.self.query.weight"])
         assert not torch.equal(q[32:, :32], torch.zeros(16, 32))  # beyond the donor: the fresh initialisation
-    fresh = BertModel(BertConfig(**{**BASE, "hidden_size": 48, "num_hidden_layers": 5, "num_attention_heads": 4,
-                                    "intermediate_size": 64}))
-    assert model.classifier.weight.shape == (2, 48)  # the head is not in the donor: fresh, and trains
-    assert fresh.embeddings.word_embeddings.weight.shape == model.bert.embeddings.word_embeddings.weight.shape
+    # what was copied whole, in part, or left fresh: the classification head is not in the (bare encoder) donor
+    from transformers import BertForSequenceClassification
+
+    config = BertConfig(**{**BASE, "hidden_size": 48, "num_hidden_layers": 5, "num_attention_heads": 4,
+                           "intermediate_size": 64})
+    report = inherit_weights(BertForSequenceClassification(config), load_donor(str(donor_dir)), 5)
+    assert {"classifier.weight", "classifier.bias"} <= set(report.fresh)
+    assert "bert.encoder.layer.4.attention.self.query.weight" in report.sliced
+    assert "bert.encoder.layer.4.attention.self.query.bias" in report.sliced
+    # only tensors not touching the (wider) residual width come whole: the FFN biases, as wide as the donor's
+    assert report.whole == [f"bert.encoder.layer.{i}.intermediate.dense.bias" for i in range(5)], report.whole
 
 
 def test_a_pickled_or_missing_donor_is_refused_before_any_trial(tmp_path: Path) -> None:
