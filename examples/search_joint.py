@@ -215,6 +215,9 @@ def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.Argumen
 
     if args.workers < 1 or (args.threads is not None and args.threads < 1):
         p.error("--workers and --threads must be >= 1")
+    if args.export_trials is not None and not (args.resume and (Path(args.run_dir) / "time_to_target.json").is_file()):
+        p.error("--export-trials with --time-to-target rebuilds trials of a finished run: pass --resume and the "
+                "--run-dir holding its time_to_target.json")
     fidelity = None
     if args.pruner != "none" or args.fidelity_steps or args.fidelity_samples:
         e = args.eval_size
@@ -230,7 +233,7 @@ def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.Argumen
     base = finetuned_minilm(Path(args.base_dir or run), imdb_task(args.train_size, args.eval_size, args.max_length))
     task = trial_task(args, base)
     task.calibration_size = args.calibration_size
-    if not worker:
+    if not worker and args.export_trials is None:
         start = time.time()  # the clock: the fine-tuned base is given, everything after it counts
         run.mkdir(parents=True, exist_ok=True)
         reference = Reference.measure(base, task)
@@ -257,6 +260,8 @@ def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.Argumen
                       study_name=f"ttt-{args.recipe}", resume=resume, fail_stale=fail_stale, timeout=timeout,
                       progress=not worker and args.workers == 1, on_trial=met, worker=args.worker)
 
+    if args.export_trials is not None:  # a finished run's trials: rebuilt and exported, no trial run
+        return export_target_trials(search(True, False, None), args.export_trials, run, base, p)
     if worker:  # Optuna starts no trial after the timeout; the launching process stops one still running
         search(True, False, max(1.0, args.deadline - time.time())).run()
         return 0
@@ -283,6 +288,32 @@ def run_to_target(args: argparse.Namespace, argv: list[str], p: argparse.Argumen
                             fidelity=fidelity.to_json() if fidelity else None, setup_s=setup,
                             reference=reference.__dict__, wall_s=time.time() - start)
     write_report(report, run)
+    return 0
+
+
+def export_target_trials(search: Search, numbers: list[int], run: Path, base: ForgeGraph,
+                         p: argparse.ArgumentParser) -> int:
+    """Rebuild the given trials of a finished ``--time-to-target`` run (their fine-tune replayed at the last
+    rung's budget) into ``run/pareto/trial_<n>``, and re-measure each one's accuracy on the targets' held-out
+    set beside what its trial recorded: a rebuild that does not reproduce its trial says so."""
+    from fxforge.examples.search_targets import SCORE
+    from fxforge.search.results import SearchResult
+    from fxforge.search.runner import OBJECTIVES_ATTR, trial_result
+
+    study = search.open_study()
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+    unknown = sorted(set(numbers) - set(by_number))
+    if unknown:
+        p.error(f"--export-trials: no completed trial(s) {unknown} in {run}; completed: {sorted(by_number)}")
+    chosen = [by_number[n] for n in numbers]
+    result = SearchResult(study, list(study.user_attrs.get(OBJECTIVES_ATTR, [])), search.baseline(study), search)
+    paths = result.export(run / "pareto", chosen)
+    base_acc = search.task.accuracy(base)
+    for trial, path in zip(chosen, paths):
+        recorded = trial_result(trial).get("notes", {}).get(SCORE, {}).get("accuracy")
+        acc = search.task.accuracy(ForgeGraph.from_checkpoint(path).eval())
+        print(f"exported trial {trial.number} -> {path}: accuracy {acc:.3f} ({100 * (acc - base_acc):+.1f} points "
+              f"from fp32 {base_acc:.3f}); the trial recorded {recorded if recorded is None else f'{recorded:.3f}'}")
     return 0
 
 

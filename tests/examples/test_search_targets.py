@@ -88,6 +88,30 @@ def test_joint_example_time_to_target_with_two_workers(tmp_path: Path) -> None:
     assert finished and all(t["size_measured"] == "packed" and set(t["met"]) == {"accuracy", "size", "speed"}
                             for t in finished)
     assert all((run / "workers" / f"worker-{i}.log").is_file() for i in range(2))
+    # a finished run's trial rebuilt (its fine-tune replayed) and exported, no trial run; an unknown one refused
+    args = ["--time-to-target", "--recipe", "qat", "--seed", "1", "--prior", "sensitivity", "--pruner",
+            "hyperband", "--train-size", "32", "--eval-size", "40", "--max-length", "32", "--fidelity-steps", "1",
+            "2", "4", "--fidelity-samples", "8", "16", "40", "--calibration-size", "8", "--run-dir", str(run),
+            "--resume"]
+    number = finished[0]["trial"]
+    assert main([*args, "--export-trials", str(number)]) == 0
+    exported = ForgeGraph.from_checkpoint(run / "pareto" / f"trial_{number}")
+    assert exported.model is not None and len(report["trials"]) == len(json.loads(
+        (run / "time_to_target.json").read_text())["trials"])  # nothing ran
+    with pytest.raises(SystemExit):
+        main([*args, "--export-trials", "999"])
+
+
+def test_joint_example_export_trials_needs_a_finished_run(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """--time-to-target --export-trials is refused before anything is built without --resume, or without the
+    finished run's time_to_target.json in --run-dir."""
+    from fxforge.examples.search_joint import main
+
+    for extra in ([], ["--resume"]):
+        with pytest.raises(SystemExit):
+            main(["--time-to-target", "--export-trials", "0", "--run-dir", str(tmp_path), *extra])
+        assert "rebuilds trials of a finished run" in capsys.readouterr().err
 
 
 def test_workers_run_in_parallel_and_stop_when_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
