@@ -46,6 +46,7 @@ import torch  # noqa: E402
 
 from fxforge.benchmarks import deploy_runtimes as rt  # noqa: E402
 from fxforge.benchmarks.bench_minilm_lowered import cpu_model, fine_tuned  # noqa: E402
+from fxforge.benchmarks.compile_ceiling import EagerProfile, profile_eager, sgemm_gflops  # noqa: E402
 from fxforge.benchmarks.minilm_ship import disk_bytes, prune_ffn  # noqa: E402
 from fxforge.benchmarks.runtime_workers import RuntimeWorker, save_inputs  # noqa: E402
 from fxforge.benchmarks.timing import interleaved  # noqa: E402
@@ -197,10 +198,16 @@ def shrunk_point(args: argparse.Namespace, base: ForgeGraph, task: Any, graphs: 
             "skipped")
         return
     calib = task.calibration(base.model)
-    shrunk = prune_ffn(base, sparsity, "taylor", calib)
-    same = "" if widths is None else f", widths {'' if ffn_widths(shrunk) == widths else 'NOT '}equal to the best's"
-    log(f"{SHRUNK}: {source} ({sparsity:.1%} of FFN units removed by Taylor importance on {args.calib} training "
-        f"reviews{same}), every Linear in int8 (per-channel weights; calibrated or dynamic activations)")
+    if widths is not None:  # the point itself: its structure and its trained (fine-tuned) weights, as float
+        shrunk = rt.weights_as_float(best)
+        log(f"{SHRUNK}: the best point's own graph ({sparsity:.1%} of FFN units removed, its fine-tuned weights as "
+            "its quantizers compute them), every Linear in int8 (per-channel weights; calibrated or dynamic "
+            "activations)")
+    else:
+        shrunk = prune_ffn(base, sparsity, "taylor", calib)
+        log(f"{SHRUNK}: {source} ({sparsity:.1%} of FFN units removed by Taylor importance on {args.calib} "
+            "training reviews, not fine-tuned), every Linear in int8 (per-channel weights; calibrated or dynamic "
+            "activations)")
     for name, dynamic in ((SHRUNK, False), (SHRUNK_DYN, True)):
         reference = f"shrunk int8{' dynamic' if dynamic else ''} graph"
         graphs[reference] = rt.fxforge_int8(shrunk, calib[0], dynamic=dynamic)
@@ -218,12 +225,7 @@ def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rou
                 in_process: bool = False, realtime: int = 0) -> None:
     """Interleaved medians of every timed variant at each batch size (held-out reviews, --length tokens): each
     runtime in its own worker process (runtime_workers.py), or all in this one with ``in_process``."""
-    first = task.eval_batches()[0][0]
-    shapes: dict[str, dict[str, torch.Tensor]] = {}
-    for b in batches:
-        shapes[f"{b}x"] = {k: v[:b] for k, v in first.items()}
-        if shapes[f"{b}x"]["input_ids"].shape[0] < b:
-            raise SystemExit(f"batch {b} needs at least that many held-out reviews (--eval)")
+    shapes = shape_inputs(task, batches)
     if in_process:
         for shape, inputs in shapes.items():
             with torch.no_grad():
@@ -244,6 +246,28 @@ def time_shapes(variants: dict[str, Variant], task: Any, batches: list[int], rou
     finally:
         for w in workers.values():
             w.close()
+
+
+def shape_inputs(task: Any, batches: list[int]) -> dict[str, dict[str, torch.Tensor]]:
+    """The timed inputs per shape name ("8x"): the first held-out batch's first ``b`` reviews."""
+    first = task.eval_batches()[0][0]
+    shapes: dict[str, dict[str, torch.Tensor]] = {}
+    for b in batches:
+        shapes[f"{b}x"] = {k: v[:b] for k, v in first.items()}
+        if shapes[f"{b}x"]["input_ids"].shape[0] < b:
+            raise SystemExit(f"batch {b} needs at least that many held-out reviews (--eval)")
+    return shapes
+
+
+def ceilings(eager: Variant, task: Any, batches: list[int], length: int, log: Log) -> dict[str, EagerProfile]:
+    """The compiled-fp32 ceiling per shape (compile_ceiling.py), from a profile of the eager graph over its timed
+    median: how close AOTInductor could get to eager at best when it runs the same GEMMs and attention."""
+    sgemm = sgemm_gflops()
+    out = {}
+    for shape, inputs in shape_inputs(task, batches).items():
+        out[shape] = profile_eager(functools.partial(eager.run, **inputs), eager.median_ms.get(shape), sgemm=sgemm)
+        log(f"ceiling at {shape}{length}: {out[shape].describe()}")
+    return out
 
 
 def record(variants: dict[str, Variant], shape: str, seconds: dict[str, list[float]]) -> None:
@@ -286,8 +310,9 @@ def report(args: argparse.Namespace, variants: dict[str, Variant], acc: dict[str
     return rows
 
 
-def targets(rows: dict[str, Any], shape: str, length: int) -> dict[str, Any]:
-    """The issue's targets at ``shape`` as met / not met (None: that artifact is missing)."""
+def targets(rows: dict[str, Any], shape: str, length: int, ceiling: EagerProfile | None = None) -> dict[str, Any]:
+    """The issue's targets at ``shape`` as met / not met (None: that artifact is missing); AOTInductor's line
+    carries this CPU's compiled-fp32 ceiling when profiled (a target below it is out of any compiler's reach)."""
     def x(name: str) -> float | None:
         return rows.get(name, {}).get("x_eager", {}).get(shape)
 
@@ -303,12 +328,14 @@ def targets(rows: dict[str, Any], shape: str, length: int) -> dict[str, Any]:
 
     # with every round recorded, "at least as fast" is judged on the paired rounds: not slower beyond noise
     pair, verdict = paired(rows, shape)
+    aoti_note = "" if ceiling is None else (f" (this CPU's compiled-fp32 ceiling: {ceiling.floor_x:.3f}x at eager's "
+                                            f"GEMM speed, {ceiling.peak_floor_x:.3f}x at its sgemm rate)")
     checks: dict[str, bool | None] = {
         f"fxforge ONNX int8 {_f(i8)}x <= best ORT own quantizer {_f(best_own)}x{pair}":
             le(i8, best_own) if verdict is None else verdict != "slower",
         f"fxforge ONNX int8 {_f(i8)}x <= {TARGETS['int8_x_eager']}x fp32 eager": le(i8, TARGETS["int8_x_eager"]),
         f"shrunk + int8 {_f(sh)}x <= {TARGETS['shrunk_x_eager']}x": le(sh, TARGETS["shrunk_x_eager"]),
-        f"AOTInductor {_f(ao)}x <= {TARGETS['aoti_x_eager']}x": le(ao, TARGETS["aoti_x_eager"])}
+        f"AOTInductor {_f(ao)}x <= {TARGETS['aoti_x_eager']}x{aoti_note}": le(ao, TARGETS["aoti_x_eager"])}
     for name, r in rows.items():  # fxforge's artifacts; ORT's own quantizers are references (their rows say)
         if r["bytes"] is not None and name not in ORT_OWN:
             checks[f"{name} accuracy {r['diff_pt']:+.1f} pt within {TARGETS['accuracy_pt']} pt of {r['reference']}"] = \
@@ -379,17 +406,20 @@ def main(argv: list[str] | None = None) -> int:
             if v.accuracy != v.accuracy:  # NaN: not measured yet
                 v.accuracy = accuracy(v.run, task.eval_batches())
         log("accuracies measured")
+        ceiling = ceilings(variants[EAGER], task, batches, args.length, log)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     shapes = [f"{b}x" for b in batches]
     rows = report(args, variants, acc, fp32_bytes, shapes)
-    checks = targets(rows, f"{batches[0]}x", args.length)
+    checks = targets(rows, f"{batches[0]}x", args.length, ceiling.get(f"{batches[0]}x"))
     if args.json:
         doc = {"cpu": lscpu_model(), "threads": torch.get_num_threads(), "length": args.length, "batches": batches,
                "rounds": args.rounds, "eval_reviews": len(task.data["test"]), "graph_accuracy": acc,
                "fp32_onnx_bytes": fp32_bytes, "artifacts": rows, "targets": checks, "notes": list(log),
-               "loadavg": os.getloadavg()}
+               "loadavg": os.getloadavg(), "ceiling": {k: {**c.__dict__, "other_ms": c.other_ms, "floor_x": c.floor_x,
+                                                           "peak_floor_x": c.peak_floor_x}
+                                                       for k, c in ceiling.items()}}
         Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
     return 0
 

@@ -18,8 +18,8 @@ import torch
 from ..graph.forge_graph import ForgeGraph
 from ..search.task import logits_of, with_labels
 
-__all__ = ["Runner", "int8_config", "fxforge_int8", "export_fp32_onnx", "export_qdq_onnx", "export_aoti_package",
-           "aoti_runner", "ort_session", "ort_quantize", "artifact_bytes", "eager_runner"]
+__all__ = ["Runner", "int8_config", "fxforge_int8", "weights_as_float", "export_fp32_onnx", "export_qdq_onnx",
+           "export_aoti_package", "aoti_runner", "ort_session", "ort_quantize", "artifact_bytes", "eager_runner"]
 
 Runner = Callable[..., torch.Tensor]  # keyword inputs (input_ids, attention_mask) -> logits
 
@@ -47,6 +47,37 @@ def fxforge_int8(graph: ForgeGraph, calib: list[dict[str, Any]], dynamic: bool =
     if not dynamic:
         quantized, _ = calibrate_transform_pass(quantized, {"data": calib, "method": "minmax"})
     return quantized.eval()
+
+
+def weights_as_float(graph: ForgeGraph) -> ForgeGraph:
+    """A copy of ``graph`` whose weight-only quantized Linear and Embedding layers are plain float layers holding
+    the values their quantizers compute (what the graph multiplies by), so int8 can re-quantize a searched
+    point's own trained weights; a layer quantizing its activations (data_in/data_out) is refused by name."""
+    import torch.nn as nn
+
+    from ..passes.quantize.modules import QuantizedEmbedding, QuantizedLinear
+
+    out = graph.copy()
+    for name, layer in list(out.model.named_modules()):
+        if not isinstance(layer, QuantizedLinear | QuantizedEmbedding):
+            continue
+        acting = sorted(set(layer.quantizers()) & {"data_in", "data_out"})
+        if acting:
+            raise ValueError(f"{name}: quantizes {acting}, not only its weights; its float twin would compute "
+                             "something else")
+        with torch.no_grad():
+            weight = layer._q("weight", layer.weight).detach().clone()
+            bias = layer._q("bias", layer.bias) if isinstance(layer, QuantizedLinear) else None
+            if isinstance(layer, QuantizedLinear):
+                plain: nn.Module = nn.Linear(layer.in_features, layer.out_features, bias=bias is not None)
+                plain.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+            else:
+                plain = nn.Embedding(layer.num_embeddings, layer.embedding_dim, padding_idx=layer.padding_idx)
+            plain.weight = nn.Parameter(weight)
+        parent, _, leaf = name.rpartition(".")
+        setattr(out.model.get_submodule(parent) if parent else out.model, leaf, plain.train(layer.training))
+    out.model.recompile()
+    return out
 
 
 def export_fp32_onnx(graph: ForgeGraph, out: Path) -> tuple[Path, str]:

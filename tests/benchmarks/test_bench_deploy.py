@@ -50,7 +50,7 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
                  "--length", "16", "--rounds", "1", "--keep", str(keep), "--json", str(out)])
     text, res = capsys.readouterr().out, json.loads(out.read_text())
     assert code == 0 and text.startswith("CPU: ") and "threads" in text.splitlines()[0]
-    rows = res["artifacts"]
+    rows, targets = res["artifacts"], res["targets"]
     assert set(rows) == {EAGER, "ORT fp32", *ORT_OWN, FXFORGE_INT8, FXFORGE_DYN, SHRUNK, SHRUNK_DYN, AOTI,
                          "torch.ao dynamic int8"}
     # bytes are the files' own (here the fp32 word embeddings dominate: only ORT's dynamic int8 quantizes them)
@@ -64,7 +64,13 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
     assert rows[EAGER]["bytes"] is None and rows["torch.ao dynamic int8"]["bytes"] is None
     # the MXINT point is refused as QDQ naming a layer; its structure is what the shrunk row exports
     assert re.search(r"best point as is, ONNX QDQ: refused: .*encoder\.layer\.\d\..*mxint", text)
-    assert "widths equal to the best's" in text
+    # the point's own graph (its pruned structure and trained weights, as float) is what the shrunk rows lower to int8
+    assert "shrunk + int8 ONNX QDQ: the best point's own graph (50.0% of FFN units removed" in text
+    # the compiled-fp32 ceiling is profiled per shape and carried on AOTInductor's target line
+    for shape in ("8x", "1x"):
+        c = res["ceiling"][shape]
+        assert c["gemm_ms"] > 0 and 0 < c["floor_x"] <= 1 and f"ceiling at {shape}16: eager " in text
+    assert any(f"compiled-fp32 ceiling: {res['ceiling']['8x']['floor_x']:.3f}x" in k for k in targets)
     assert rows[FXFORGE_INT8]["reference"] == "fxforge int8 graph" and rows[SHRUNK]["reference"] == "shrunk int8 graph"
     assert rows[FXFORGE_DYN]["reference"] == "fxforge int8 dynamic graph"
     assert rows[SHRUNK_DYN]["reference"] == "shrunk int8 dynamic graph"
@@ -75,7 +81,6 @@ def test_bench_builds_runs_and_reports_every_artifact(checkpoints: tuple[Path, P
         assert r["diff_pt"] == pytest.approx(100 * (r["accuracy"] - res["graph_accuracy"][r["reference"]]))
         assert re.search(rf"^{re.escape(name)} +{r['median_ms']['8x']:.1f} +{r['x_eager']['8x']:.3f} ", text, re.M)
     assert res["eval_reviews"] == 16 and all(0 <= r["accuracy"] <= 1 for r in rows.values())
-    targets = res["targets"]
     assert len(re.findall(r"^(met    |NOT met|missing) ", text, re.M)) == len(targets)
     assert all(v in (True, False) for v in targets.values())  # every artifact was built: nothing missing
     # fxforge's fastest int8 artifact (static QDQ or dynamic) against ORT's fastest own quantizer
@@ -115,3 +120,34 @@ def test_without_a_search_point_ffn_sparsity_stands_in(checkpoints: tuple[Path, 
         batch = {k: t for k, t in task.eval_batches()[0][0].items() if k != "labels"}
         assert v.run(**batch).shape == (batch["input_ids"].shape[0], 2)
     assert any("--ffn-sparsity (50.0% of FFN units removed" in note for note in log)
+
+
+def test_weights_as_float_keeps_a_search_points_outputs() -> None:
+    """A pruned point with MXINT3 Linear and MXINT4 embedding weights becomes plain float layers holding what its
+    quantizers compute: outputs equal at two shapes; a layer quantizing its inputs is refused by name."""
+    import torch
+
+    from fxforge.benchmarks.deploy_runtimes import weights_as_float
+    from fxforge.passes.quantize.modules import QuantizedEmbedding, QuantizedLinear
+
+    base = ForgeGraph(tiny_bert(num_attention_heads=4), hf_input_names=["input_ids", "attention_mask", "labels"])
+    config = {**MXINT3, "embedding": {"config": {"name": "mxint", "weight_width": 4, "weight_block_size": 32}}}
+    point, _ = quantize_transform_pass(prune_ffn(base.eval(), 0.5), config)
+    point = point.eval()
+    plain = weights_as_float(point)
+    kinds = {type(m) for m in plain.model.modules()}
+    assert QuantizedLinear not in kinds and QuantizedEmbedding not in kinds
+    assert any(isinstance(m, QuantizedLinear) for m in point.model.modules())  # the point itself is untouched
+    q = point.model.get_submodule("bert.encoder.layer.0.intermediate.dense")
+    w = plain.model.get_submodule("bert.encoder.layer.0.intermediate.dense").weight
+    assert not torch.equal(w, q.weight) and torch.equal(w, q.weight_quantizer(q.weight))
+    for batch, seq in ((2, 9), (3, 16)):
+        inputs = {"input_ids": torch.randint(0, 100, (batch, seq)),
+                  "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": torch.zeros(batch).long()}
+        with torch.no_grad():
+            assert torch.equal(plain.model(**inputs)["logits"], point.model(**inputs)["logits"])
+    acting, _ = quantize_transform_pass(base.copy(), {"by": "type", "default": {"config": {"name": None}},
+                                                      "linear": {"config": {"name": "scaled_integer",
+                                                                            "weight_width": 8, "data_in_width": 8}}})
+    with pytest.raises(ValueError, match=r"bert\.encoder\.layer\.0\.attention\.self\.query: quantizes \['data_in'\]"):
+        weights_as_float(acting)
