@@ -50,6 +50,7 @@ from fxforge.benchmarks.compile_ceiling import EagerProfile, profile_eager, sgem
 from fxforge.benchmarks.minilm_ship import disk_bytes, prune_ffn  # noqa: E402
 from fxforge.benchmarks.runtime_workers import RuntimeWorker, save_inputs  # noqa: E402
 from fxforge.benchmarks.timing import interleaved  # noqa: E402
+from fxforge.deploy.ort_options import DISABLED_OPTIMIZERS  # noqa: E402
 from fxforge.graph.forge_graph import ForgeGraph  # noqa: E402
 
 TARGETS = {"int8_x_eager": 0.6, "shrunk_x_eager": 0.4, "aoti_x_eager": 0.85, "accuracy_pt": 0.5}
@@ -392,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     print(f"CPU: {lscpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads (ORT "
-          f"intra_op_num_threads the same); load average {os.getloadavg()[0]:.1f}; timing "
+          f"intra_op_num_threads the same; every ORT session without {', '.join(DISABLED_OPTIMIZERS)}, "
+          f"deploy/ort_options.py); load average {os.getloadavg()[0]:.1f}; timing "
           + ("in this process" if args.in_process else "each runtime in its own process"
              + (f" at SCHED_RR {args.realtime}" if args.realtime else "")))
     log = Log()

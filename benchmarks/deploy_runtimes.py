@@ -122,12 +122,12 @@ def aoti_runner(path: Path, names: tuple[str, ...]) -> Runner:
 
 
 def ort_session(path: Path) -> Runner:
-    """An ONNX Runtime CPU session (graph optimisation ALL, torch's thread count) as a keyword runner."""
+    """An ONNX Runtime CPU session (deploy/ort_options.py: graph optimisation ALL but the slow SkipLayerNorm
+    fusion, torch's thread count) as a keyword runner."""
+    from ..deploy.ort_options import session_kwargs
+
     ort = importlib.import_module("onnxruntime")
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = torch.get_num_threads()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), **session_kwargs(torch.get_num_threads()))
     names = [i.name for i in session.get_inputs()]
     outs = [o.name for o in session.get_outputs()]
     out = "logits" if "logits" in outs else outs[0]

@@ -44,11 +44,10 @@ def load_runner(spec: Mapping[str, Any]) -> Callable[[Mapping[str, torch.Tensor]
     if kind == "ort":
         import importlib
 
+        from ..deploy.ort_options import session_kwargs
+
         ort = importlib.import_module("onnxruntime")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = int(spec["threads"])
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(path, **session_kwargs(int(spec["threads"])))
         names = [i.name for i in session.get_inputs()]
         return lambda kw: session.run(None, {k: kw[k].numpy() for k in names})
     if kind == "aoti":
