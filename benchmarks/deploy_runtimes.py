@@ -68,9 +68,11 @@ def weights_as_float(graph: ForgeGraph) -> ForgeGraph:
         with torch.no_grad():
             weight = layer._q("weight", layer.weight).detach().clone()
             bias = layer._q("bias", layer.bias) if isinstance(layer, QuantizedLinear) else None
+            plain: nn.Linear | nn.Embedding
             if isinstance(layer, QuantizedLinear):
-                plain: nn.Module = nn.Linear(layer.in_features, layer.out_features, bias=bias is not None)
-                plain.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+                plain = nn.Linear(layer.in_features, layer.out_features, bias=bias is not None)
+                if bias is not None:
+                    plain.bias = nn.Parameter(bias.detach().clone())
             else:
                 plain = nn.Embedding(layer.num_embeddings, layer.embedding_dim, padding_idx=layer.padding_idx)
             plain.weight = nn.Parameter(weight)

@@ -308,10 +308,12 @@ def export_target_trials(search: Search, numbers: list[int], run: Path, base: Fo
     chosen = [by_number[n] for n in numbers]
     result = SearchResult(study, list(study.user_attrs.get(OBJECTIVES_ATTR, [])), search.baseline(study), search)
     paths = result.export(run / "pareto", chosen)
-    base_acc = search.task.accuracy(base)
+    task = search.task
+    assert task is not None  # the time-to-target search is built with its task
+    base_acc = task.accuracy(base)
     for trial, path in zip(chosen, paths):
         recorded = trial_result(trial).get("notes", {}).get(SCORE, {}).get("accuracy")
-        acc = search.task.accuracy(ForgeGraph.from_checkpoint(path).eval())
+        acc = task.accuracy(ForgeGraph.from_checkpoint(path).eval())
         print(f"exported trial {trial.number} -> {path}: accuracy {acc:.3f} ({100 * (acc - base_acc):+.1f} points "
               f"from fp32 {base_acc:.3f}); the trial recorded {recorded if recorded is None else f'{recorded:.3f}'}")
     return 0
