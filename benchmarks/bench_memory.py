@@ -30,7 +30,8 @@ time with the other's. Where no plan reaches a peak, the row is left out and the
 reachable is printed (its checks count as missed). torch.compile also fuses kernels (unbudgeted it runs below
 eager's step time), so the plan made at torch.compile's memory is also timed compiled ("..., compiled": functorch's
 budget 1.0, the regions are the recomputation; AOTAutograd recomputes each traced checkpoint and replays its
-dropout): fusion on both sides.
+dropout): fusion on both sides; and planned again with selective regions (``selective``: each keeps its linears'
+and fused attentions' results and recomputes the rest, what compile's min-cut does) and timed compiled.
 
 The LoRA row asks what a user asks: "fit in 0.7x of what PEFT needs, as fast as possible". PEFT's peak is
 measured first, and fxforge LoRA + checkpoint is planned for ``budget_mb = 0.7 x (1 - LORA_MARGIN) x PEFT's
@@ -84,6 +85,7 @@ SECTIONS = ("all", "classifier", "gpt", "lora")
 MB = 2**20
 AT_COMPILE, AT_PER_LAYER = "fxforge at torch.compile's memory", "fxforge at every-layer checkpoint's memory"
 AT_COMPILE_COMPILED = AT_COMPILE + ", compiled"
+AT_COMPILE_SELECTIVE = "fxforge selective at torch.compile's memory, compiled"
 
 
 def cpu_model() -> str:
@@ -259,6 +261,15 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
             same = [Variant(row, loss_step(ours, inputs), [ours.model])]
             if row == AT_COMPILE:  # the same plan compiled too: fusion on both sides
                 same.append(compiled_plan(ours, inputs, AT_COMPILE_COMPILED))
+                # and selective regions (keep the linears' and fused attentions' results, recompute the rest:
+                # what compile's min-cut recomputes), compiled, planned with their own memory model
+                sel, sel_record = plan_equal_memory(base, inputs, ref, peaks[ref], MARGIN, selective=True)
+                equal[AT_COMPILE_SELECTIVE] = sel_record
+                if sel is not None:
+                    print(f"  {AT_COMPILE_SELECTIVE} ({label}): {sel_record['segments']} segments, planned peak "
+                          f"{sel_record['planned_peak_bytes'] / MB:.1f} MB, recompute "
+                          f"{sel_record['recompute_fraction']:.2f}")
+                    same.append(compiled_plan(sel, inputs, AT_COMPILE_SELECTIVE))
             return same
 
         return make

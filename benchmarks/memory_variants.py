@@ -175,10 +175,11 @@ def plan_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], share: float
 
 
 def plan_equal_memory(graph: ForgeGraph, inputs: dict[str, torch.Tensor], reference: str, peak: int,
-                      margin: float) -> tuple[ForgeGraph | None, dict[str, Any]]:
+                      margin: float, selective: bool = False) -> tuple[ForgeGraph | None, dict[str, Any]]:
     """Plan ``graph`` for budget_mb = (1 - margin) x another variant's MEASURED peak, to time both at the same
-    memory. No share is raised here: where no plan reaches it, the graph is None and the record holds the
-    smallest peak the pass reports reachable."""
+    memory (``selective``: regions keeping their linears' and fused attentions' results). No share is raised here:
+    where no plan reaches it, the graph is None and the record holds the smallest peak the pass reports
+    reachable."""
     from fxforge.passes.base import PassError
 
     ckpt = checkpoint_pass()
@@ -186,7 +187,7 @@ def plan_equal_memory(graph: ForgeGraph, inputs: dict[str, torch.Tensor], refere
     budget_mb = (1.0 - margin) * peak / MB
     record: dict[str, Any] = {"reference": reference, "reference_peak_bytes": peak, "share": 1.0 - margin}
     try:
-        out, info = ckpt(graph, {"budget_mb": budget_mb, "data": inputs})
+        out, info = ckpt(graph, {"budget_mb": budget_mb, "data": inputs, "selective": selective})
     except PassError as exc:
         found = re.search(r"reaches, ([0-9.]+) MB", str(exc))
         record.update(budget_bytes=int(budget_mb * MB), unreachable=True,

@@ -8,7 +8,9 @@ for each cap on one segment's internal saved bytes and each price of recompute t
 (saved tensors outside segments + boundary inputs of segments) + price x recomputed cost; the cheapest plan
 whose estimated peak (kept + the largest segment + a gradient in flight) fits the budget wins, less the
 segments the budget does not need. A budget below the smallest peak any plan reaches is refused with that
-figure.
+figure. With ``selective`` the regions keep their matrix multiplies' and attentions' results (selective
+activation checkpointing) and the planner prices a segment that way: kept bytes add those results, recomputed
+cost is the rest's.
 
 How it rewrites: each segment becomes a :class:`CheckpointRegion` (passes/memory/checkpoint_region.py) called
 once from the graph; it runs ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False,
@@ -47,11 +49,15 @@ _NAME = "activation_checkpoint_transform_pass"
 @dataclass(frozen=True)
 class ActivationCheckpointArgs:
     """Exactly one of budget_mb (peak training activation memory, MB = 2^20 bytes) or fraction (of the
-    unmodified graph's estimated peak); data: inputs to plan on instead of the example inputs."""
+    unmodified graph's estimated peak); data: inputs to plan on instead of the example inputs; selective: the
+    regions keep their matrix multiplies' and attentions' results and recompute only the rest (selective
+    activation checkpointing: more memory per region, far less recomputation, which torch.compile fuses into
+    backward), planned with that memory model."""
 
     budget_mb: float | None = None
     fraction: float | None = None
     data: Any = None
+    selective: bool = False
 
     def __post_init__(self) -> None:
         if (self.budget_mb is None) == (self.fraction is None):
@@ -60,6 +66,8 @@ class ActivationCheckpointArgs:
             raise ValueError(f"budget_mb must be > 0, got {self.budget_mb}")
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+        if not isinstance(self.selective, bool):
+            raise ValueError(f"selective must be true or false, got {self.selective!r}")
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ class ActivationCheckpointInfo(PassInfo):
     cost_source: str
 
 
-def _checkpoint_segment(gm: fx.GraphModule, rw: GraphRewrite, seg: list[fx.Node], k: int) -> None:
+def _checkpoint_segment(gm: fx.GraphModule, rw: GraphRewrite, seg: list[fx.Node], k: int, selective: bool) -> None:
     """One segment (nodes in graph order) becomes a CheckpointRegion call; its outputs are read by getitem."""
     members = set(seg)
     inputs = list(dict.fromkeys(a for n in seg for a in n.all_input_nodes if a not in members))
@@ -96,7 +104,7 @@ def _checkpoint_segment(gm: fx.GraphModule, rw: GraphRewrite, seg: list[fx.Node]
             new.target = local[path]
         env[node] = new
     graph.output(env[outputs[0]] if len(outputs) == 1 else tuple(env[n] for n in outputs))
-    region = CheckpointRegion(graph, children, len(inputs))
+    region = CheckpointRegion(graph, children, len(inputs), selective=selective)
     call = rw.call_module(f"activation_checkpoint_{k}", region, tuple(inputs), after=seg[-1])
     if len(outputs) == 1:  # one value, not a 1-tuple (metadata records a 1-tuple as its element)
         rw.redirect_users(outputs[0], call, keep=members.__contains__)
@@ -124,7 +132,7 @@ def activation_checkpoint_transform_pass(graph: ForgeGraph, args: ActivationChec
         raise PassError(f"{_NAME}: nothing in the graph requires grad (every parameter is frozen), so a training "
                         "step saves no activation to recompute; make the layers to train trainable first "
                         "(unfreeze_transform_pass, or insert_lora_adapter_transform_pass)")
-    costs = graph_costs(gm, flat)
+    costs = graph_costs(gm, flat, selective=args.selective)
     share = args.fraction if args.fraction is not None else 1.0
     budget = int(args.budget_mb * MB) if args.budget_mb is not None else int(share * costs.baseline_peak)
     plan, smallest = plan_checkpoints(costs, budget)
@@ -136,7 +144,7 @@ def activation_checkpoint_transform_pass(graph: ForgeGraph, args: ActivationChec
     if segments:
         with GraphRewrite(gm) as rw:
             for k, seg in enumerate(segments):
-                _checkpoint_segment(gm, rw, seg, k)
+                _checkpoint_segment(gm, rw, seg, k, args.selective)
     forward = costs.forward_cost
     return graph, ActivationCheckpointInfo(
         planned_peak_bytes=plan.peak, baseline_peak_bytes=costs.baseline_peak, budget_bytes=budget,

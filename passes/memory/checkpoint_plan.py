@@ -26,6 +26,7 @@ The smallest peak over the sweep (lambda -> 0) is the smallest reachable figure.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 from dataclasses import dataclass
@@ -33,10 +34,12 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...graph.metadata import get_meta, has_meta
 from ..analysis.liveness import _Runner
 from ..analysis.profile import FlopsPerNode, ProfileRecord
+from .checkpoint_region import SAVED_OPS
 
 __all__ = ["GraphCosts", "Plan", "graph_costs", "plan_checkpoints", "plan_of"]
 
@@ -136,8 +139,34 @@ def _attention_flops(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any])
     return flops // 2 if causal else flops
 
 
-def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
-    """Run ``gm`` once in training mode with grad (RNG state restored after) and derive the planner's costs."""
+class _KeptResults(TorchDispatchMode):
+    """Records, per node of the runner, the result storages of the ops a selective region keeps (SAVED_OPS):
+    exactly what torch.utils.checkpoint's policy will hold, whichever kernels the node's layers call."""
+
+    def __init__(self, runner: _Runner) -> None:
+        super().__init__()
+        self.runner = runner
+        self.kept: dict[fx.Node, dict[int, int]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        node = self.runner.current
+        if func in SAVED_OPS and node is not None:
+            mine = self.kept.setdefault(node, {})
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and not t.is_meta:
+                    ptr, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+                    mine[ptr] = size
+        return out
+
+
+def graph_costs(gm: fx.GraphModule, flat: list[Any], selective: bool = False) -> GraphCosts:
+    """Run ``gm`` once in training mode with grad (RNG state restored after) and derive the planner's costs.
+
+    ``selective``: the segments are selective regions (CheckpointRegion(selective=True)), which keep the
+    results of their matrix multiplies and fused attention kernels (SAVED_OPS, recorded per node as the run
+    calls them) and recompute only the rest: a segment's kept bytes add those results, its inside loses the
+    saved tensors they are, and a node whose kernels are all kept costs nothing to recompute."""
     from torch.utils.flop_counter import FlopCounterMode  # imports triton: only when a plan is made
 
     mode = FlopCounterMode(display=False)
@@ -145,9 +174,11 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
     modes = [(m, m.training) for m in gm.modules()]
     buffers = [(b, b.clone()) for b in gm.buffers()]  # a training-mode run may update running statistics
     gm.train()
+    kept = _KeptResults(runner)
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), mode, \
-                torch.autograd.graph.saved_tensors_hooks(runner.pack, lambda t: t):
+                torch.autograd.graph.saved_tensors_hooks(runner.pack, lambda t: t), \
+                (kept if selective else contextlib.nullcontext()):
             runner.run(*flat)
     finally:
         for m, training in modes:
@@ -162,10 +193,12 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
                                                      *(v for v in flat if isinstance(v, torch.Tensor)))} | {0}
     seen: set[int] = set(held)
     saved = []
+    saved_by: list[dict[int, int]] = []
     for node in nodes:  # each saved storage counted once, at the first node that saved it
         mine = {p: s for p, s in runner.saved.get(node, []) if p not in seen}
         seen.update(mine)
         saved.append(sum(mine.values()))
+        saved_by.append(mine)
     produced = [{p: s for p, s in runner.storages.get(n, []) if p not in held} for n in nodes]
     segmentable = tuple(_segmentable(gm, n, runner.env.get(n)) for n in nodes)
     latency = [get_meta(n).software.get(ProfileRecord) if has_meta(n) else None for n in nodes]
@@ -179,14 +212,18 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
     transient = 2 * max((sum(p.values()) for p in produced), default=0)
     inputs = [sorted({index[a] for a in n.all_input_nodes}) for n in nodes]
     rng = torch.get_rng_state().nbytes  # each region keeps the CPU RNG state to replay dropout (~5 KB)
+    keeps = [{p: sz for p, sz in kept.kept.get(n, {}).items() if p not in held} for n in nodes]
+    heavy = tuple(bool(keeps[i]) and segmentable[i] for i in range(len(nodes)))
     spans: list[tuple[tuple[int, int, int, float], ...]] = []
     for i in range(len(nodes)):
         out: list[tuple[int, int, int, float]] = []
         if segmentable[i]:
             refs: dict[int, int] = {}  # storage -> how many outside producers feeding the segment hold it
             members: set[int] = set()
-            in_bytes = inside = 0
+            in_bytes = inside = keep = 0
             work = 0.0
+            inside_at: dict[int, int] = {}  # selective: saved storages counted inside, by pointer
+            kept_at: set[int] = set()  # selective: results of heavy members (kept by the region)
             for j in range(i, -1, -1):
                 free = nodes[j].op == "get_attr"
                 if not (segmentable[j] or free):
@@ -198,9 +235,21 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
                         if refs[p] == 0:
                             del refs[p]
                             in_bytes -= s
-                if not free:
+                if not free and not selective:
                     inside += saved[j]
                     work += cost[j]
+                elif not free:  # walking back: a heavy producer comes after its savers were counted inside
+                    for p, sz in saved_by[j].items():
+                        if p not in kept_at:
+                            inside_at[p] = sz
+                            inside += sz
+                    for p, sz in keeps[j].items():
+                        kept_at.add(p)
+                        keep += sz
+                        inside -= inside_at.pop(p, 0)
+                    if not heavy[j]:  # a node whose kernels are kept is not recomputed (its views are free)
+                        work += cost[j]
+                if not free:
                     for a in inputs[j]:
                         if a not in members:
                             members.add(a)
@@ -208,7 +257,7 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any]) -> GraphCosts:
                                 refs[p] = refs.get(p, 0) + 1
                                 if refs[p] == 1:
                                     in_bytes += s
-                    out.append((j, inside, in_bytes + rng, work))
+                    out.append((j, inside, in_bytes + rng + keep, work))
         spans.append(tuple(out))
     return GraphCosts(nodes, segmentable, tuple(saved), cost, transient, tuple(spans), source)
 

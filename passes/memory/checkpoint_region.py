@@ -11,7 +11,9 @@ metadata passes) the body simply runs. Under torch.compile the region is a plain
 mutated inside the checkpoint breaks dynamo's graph): dynamo traces it as a checkpointed region, AOTAutograd's
 partitioner recomputes it in backward and replays its random ops from the RNG state it saved in forward. The
 rewrite engine's unused-module clean-up (passes/rewrite.delete_unused_submodules) keeps the aliased layers at
-their own paths.
+their own paths. A ``selective`` region keeps the results of its matrix multiplies and attention kernels
+(``SAVED_OPS``) and recomputes only the rest, eager or compiled (torch.utils.checkpoint's selective activation
+checkpointing; random ops replay the forward's RNG state, no dropout tape).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ...graph import targets
 from ...graph.checkpoint import _codegen_json, _node_json
@@ -37,11 +40,12 @@ class CheckpointRegion(nn.Module):
 
     recomputed_in_backward = True  # the "activation-checkpointed" graph property (passes/contract.py)
 
-    def __init__(self, graph: fx.Graph, children: dict[str, nn.Module], inputs: int) -> None:
+    def __init__(self, graph: fx.Graph, children: dict[str, nn.Module], inputs: int, selective: bool = False) -> None:
         super().__init__()
         for name, child in children.items():
             self.add_module(name, child)
         self.inputs = inputs
+        self.selective = selective
         self._graph = graph
         self._body: tuple[tuple[int, ...], fx.GraphModule] | None = None
         self.body()  # built now: torch.compile cannot trace building a GraphModule (a graph break per region)
@@ -58,6 +62,9 @@ class CheckpointRegion(nn.Module):
         if len(args) != self.inputs:
             raise TypeError(f"CheckpointRegion takes {self.inputs} inputs, got {len(args)}")
         body, inputs = self.body(), args
+        if self.selective and torch.is_grad_enabled():  # matmul and attention results kept, the rest recomputed
+            return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True,
+                                                     context_fn=_save_heavy_results)
         if torch.compiler.is_compiling():  # dynamo traces the checkpoint into a region AOTAutograd recomputes
             return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)
         if torch.is_grad_enabled():
@@ -69,7 +76,28 @@ class CheckpointRegion(nn.Module):
 
     def extra_repr(self) -> str:
         nodes = [n for n in self._graph.nodes if n.op not in ("placeholder", "output")]
-        return f"inputs={self.inputs}, nodes={len(nodes)}, first={nodes[0].name}, last={nodes[-1].name}"
+        return (f"inputs={self.inputs}, nodes={len(nodes)}, first={nodes[0].name}, last={nodes[-1].name}"
+                + (", selective" if self.selective else ""))
+
+
+# what a selective region keeps: the results of matrix multiplies (linears) and fused attention kernels (the
+# costly ops); every other op is recomputed in backward (torch.utils.checkpoint's selective activation
+# checkpointing). Batched multiplies (bmm) are left out: in an unfused attention they make the sequence x
+# sequence scores, the largest activations a region exists to drop.
+SAVED_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                       torch.ops.aten._scaled_dot_product_flash_attention.default,
+                       torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                       torch.ops.aten._scaled_dot_product_cudnn_attention.default})
+
+
+def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _save_heavy_results() -> tuple[Any, Any]:
+    """The selective region's context pair (a fresh one per call, as torch.utils.checkpoint asks)."""
+    return create_selective_checkpoint_contexts(_policy)
 
 
 def _has_dropout(graph: fx.Graph, owner: nn.Module) -> bool:
@@ -88,17 +116,23 @@ def _to_config(region: CheckpointRegion) -> dict[str, Any]:
         if next(iter((*child.parameters(), *child.buffers())), None) is None:
             spec = targets.module_spec_for(child)
             rebuilt[name] = {"class": spec.name, "config": None if spec.to_config is None else spec.to_config(child)}
-    return {"inputs": region.inputs, "children": list(region._modules), "rebuilt": rebuilt,
-            "codegen": _codegen_json(region._graph),
-            "nodes": [_node_json(n, body, tensor_names) for n in region._graph.nodes]}
+    config = {"inputs": region.inputs, "children": list(region._modules), "rebuilt": rebuilt,
+              "codegen": _codegen_json(region._graph),
+              "nodes": [_node_json(n, body, tensor_names) for n in region._graph.nodes]}
+    if region.selective:  # written only when set: checkpoints of full regions stay as they were
+        config["selective"] = True
+    return config
 
 
 def _from_config(config: dict[str, Any]) -> CheckpointRegion:
     """Rebuild from :func:`_to_config`'s JSON (hostile: every name and target goes through the allowlist).
 
     Children holding tensors start as empty placeholders; the checkpoint's module aliases put the real ones."""
-    if set(config) != {"inputs", "children", "rebuilt", "codegen", "nodes"}:
+    if set(config) - {"selective"} != {"inputs", "children", "rebuilt", "codegen", "nodes"}:
         raise targets.CheckpointError(f"CheckpointRegion config keys {sorted(config)} are not the expected ones")
+    selective = config.get("selective", False)
+    if selective is not True and selective is not False:
+        raise targets.CheckpointError("CheckpointRegion config: selective must be true or false")
     names, rebuilt, inputs = config["children"], config["rebuilt"], config["inputs"]
     if not isinstance(names, list) or not all(targets.is_identifier(n) for n in names) \
             or not isinstance(rebuilt, dict) or not set(rebuilt) <= set(names) \
@@ -119,7 +153,7 @@ def _from_config(config: dict[str, Any]) -> CheckpointRegion:
             children[name] = spec.from_config(_check_config(name, spec, entry["config"]))
         if type(children[name]) is not spec.cls:
             raise targets.CheckpointError(f"CheckpointRegion child {name!r}: {spec.name} built another class")
-    region = CheckpointRegion(fx.Graph(), children, inputs)
+    region = CheckpointRegion(fx.Graph(), children, inputs, selective=selective)
     # _build_graph resolves call targets through get_submodule only, which any nn.Module has
     region._graph = _build_graph(cast(fx.GraphModule, region), {"nodes": config["nodes"], "codegen": config["codegen"]},
                                  CHECKPOINT_SCHEMA_VERSION)

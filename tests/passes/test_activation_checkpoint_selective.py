@@ -1,0 +1,174 @@
+"""activation_checkpoint_transform_pass with ``selective``: regions keep their matrix multiplies' and attentions'
+results and recompute the rest. Outputs and gradients bitwise equal (dropout replayed) on tiny BERT and the zoo
+GPT at two shapes, eager; the planner's memory model for such regions; the budget met on the measured peak;
+a checkpoint keeps the mode; a full-recompute checkpoint written before the mode existed still loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import bert_inputs, make_gpt, make_tiny_bert
+from conftest import seeded_training_step as _step
+
+from fxforge import ForgeGraph
+from fxforge.graph.inputs import ExampleInputs
+from fxforge.passes import PassArgsError
+from fxforge.passes.analysis.step_memory import measured_step_bytes
+from fxforge.passes.memory import activation_checkpoint_transform_pass
+from fxforge.passes.memory.activation_checkpoint import checkpoint_regions
+from fxforge.passes.memory.checkpoint_plan import graph_costs
+from fxforge.passes.memory.checkpoint_region import _from_config, _to_config
+from fxforge.passes.propagate import flat_inputs
+
+
+def _bert() -> tuple[ForgeGraph, list[dict[str, torch.Tensor]]]:
+    mg = ForgeGraph(make_tiny_bert(), hf_input_names=["input_ids", "attention_mask", "labels"])
+    return mg, [bert_inputs(batch=3, seq=11), bert_inputs(batch=2, seq=7)]
+
+
+def _gpt() -> tuple[ForgeGraph, list[dict[str, torch.Tensor]]]:
+    gen = torch.Generator().manual_seed(4)
+    shapes = [torch.randint(0, 64, s, generator=gen) for s in ((2, 16), (3, 24))]
+    return ForgeGraph(make_gpt("attn"), example_inputs=(shapes[0],)), [{"idx": x} for x in shapes]
+
+
+@pytest.mark.parametrize("build", [_bert, _gpt], ids=["bert", "gpt"])
+def test_selective_regions_are_bitwise_equal(build: Any) -> None:
+    mg, shapes = build()
+    # the GPT's attention is a fused kernel whose result a selective region keeps, like its linears', so regions
+    # save little there (what they drop: LayerNorm and GELU outputs); planned on a larger input than its example
+    plan_on = {"idx": torch.randint(0, 64, (8, 32), generator=torch.Generator().manual_seed(1))} \
+        if build is _gpt else None
+    fraction = 0.99 if build is _gpt else 0.9
+    out, info = activation_checkpoint_transform_pass(mg, {"fraction": fraction, "selective": True, "data": plan_on})
+    regions = checkpoint_regions(out.model)
+    assert info.segments == len(regions) >= 1 and all(r.selective for r in regions)
+    assert info.planned_peak_bytes <= info.budget_bytes
+    for train in (True, False):
+        mg.model.train(train)
+        out.model.train(train)
+        for inputs in shapes:
+            ref_out, ref_grad = _step(mg, inputs, seed=7)
+            new_out, new_grad = _step(out, inputs, seed=7)
+            assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True)), train
+            assert all((a is None and b is None) or torch.equal(a, b) for a, b in
+                       zip(ref_grad.values(), new_grad.values(), strict=True)), train
+
+
+def test_selective_regions_do_not_recompute_their_linears() -> None:
+    """The same regions, full then selective: backward of a full region replays every linear's multiply, a
+    selective one none (its kept results are reused), so the multiplies counted in backward differ by exactly
+    the number of linears inside the regions."""
+    mg, shapes = _bert()
+    full, info = activation_checkpoint_transform_pass(mg.train(), {"fraction": 0.7})
+    sel = full.copy()
+    for region in checkpoint_regions(sel.model):
+        region.selective = True
+    linears = sum(isinstance(m, torch.nn.Linear) for r in checkpoint_regions(full.model) for m in r.children())
+    assert info.segments >= 1 and linears >= 1
+
+    class Count(torch.utils._python_dispatch.TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.matmuls = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.matmuls += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    for graph in (full, sel):
+        graph.model.train().zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        loss = graph(**shapes[0])["loss"]
+        with Count() as backward:
+            loss.backward()
+        counts.append(backward.matmuls)
+    assert counts[0] - counts[1] == linears, counts
+
+
+def test_the_planner_prices_selective_segments() -> None:
+    """Against full recomputation: a selective segment keeps more bytes (the kept results) and recomputes less
+    (not its matrix multiplies), for the same nodes; so the smallest reachable peak is higher."""
+    mg, shapes = _gpt()
+    flat = flat_inputs(mg.model, ExampleInputs.coerce(shapes[1]))
+    full, sel = graph_costs(mg.model, flat), graph_costs(mg.model, flat, selective=True)
+    assert full.saved == sel.saved and full.cost == sel.cost
+    pairs = 0
+    for a, b in zip(full.spans, sel.spans, strict=True):
+        for (j, inside, kept, work), (j2, inside2, kept2, work2) in zip(a, b, strict=True):
+            assert j == j2 and inside2 <= inside and kept2 >= kept and work2 <= work
+            pairs += kept2 > kept and work2 < work
+    assert pairs > 0  # segments holding a linear: some results kept, its multiply not recomputed
+
+
+def test_selective_budget_is_met_on_the_measured_peak() -> None:
+    """Tiny BERT at 8 x 64, as the full-recompute test: the allocator's peak within the budget (10% + 64 KiB
+    slack), the unmodified graph's above it."""
+    mg, _ = _bert()
+    inputs = bert_inputs(batch=8, seq=64)
+    mg = mg.train()
+    flat = flat_inputs(mg.model, ExampleInputs.coerce(inputs))
+    before = measured_step_bytes(mg.model, flat)
+    out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.7, "data": inputs, "selective": True})
+    after = measured_step_bytes(out.model, flat)
+    slack = 0.10 * info.budget_bytes + 64 * 1024
+    assert info.segments >= 1 and after <= info.budget_bytes + slack, (after, info)
+    assert before > info.budget_bytes + slack, (before, info)
+
+
+def test_selective_mode_round_trips_and_old_configs_load(tmp_path: Path) -> None:
+    mg, shapes = _bert()
+    out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.9, "selective": True})
+    back = ForgeGraph.from_checkpoint(out.export(tmp_path / "ckpt"))
+    assert [r.selective for r in checkpoint_regions(back.model)] == [True] * info.segments
+    out.model.train()
+    back.model.train()
+    ref_out, ref_grad = _step(out, shapes[0], seed=3)
+    new_out, new_grad = _step(back, shapes[0], seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True))
+    assert all(torch.equal(ref_grad[k], new_grad[k]) for k in ref_grad)
+    region = checkpoint_regions(out.model)[0]
+    config = _to_config(region)
+    assert config["selective"] is True
+    old = {k: v for k, v in config.items() if k != "selective"}  # a full region's config, as written before
+    assert _from_config(old).selective is False
+    from fxforge.graph.targets import CheckpointError
+    with pytest.raises(CheckpointError, match="selective must be true or false"):
+        _from_config({**config, "selective": "yes"})
+    with pytest.raises(PassArgsError):
+        activation_checkpoint_transform_pass(mg, {"fraction": 0.8, "selective": "yes"})
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\.script_method.* is deprecated:DeprecationWarning")  # inductor's
+def test_selective_regions_compile_without_graph_breaks() -> None:
+    """Under torch.compile a selective region is traced whole with its policy (AOTAutograd keeps the policy's
+    results, recomputes the rest and replays dropout): the compiled graph's outputs and gradients match the eager
+    unmodified graph's under the same seed, dropout on, at two shapes (to float rounding)."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    mg, shapes = _bert()
+    out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.9, "selective": True})
+    assert info.segments >= 1
+    mg.model.train()
+    out.model.train()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with inductor_config.patch(fallback_random=True):
+        compiled_model = torch.compile(out.model)
+        for inputs in shapes:
+            ref_out, ref_grad = _step(mg, inputs, seed=5)
+            out.model.zero_grad(set_to_none=True)
+            torch.manual_seed(5)
+            leaves = [t for t in torch.utils._pytree.tree_leaves(compiled_model(**inputs))
+                      if isinstance(t, torch.Tensor)]
+            torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
+            assert all(torch.allclose(a, b.detach(), atol=1e-6) for a, b in zip(ref_out, leaves, strict=True))
+            for name, p in out.model.named_parameters():
+                assert p.grad is not None and torch.allclose(p.grad, ref_grad[name], atol=1e-6), name
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
