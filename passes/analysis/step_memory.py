@@ -83,7 +83,8 @@ def checkpointed_regions(gm: fx.GraphModule, nodes: list[fx.Node], saved: dict[f
 def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dict[fx.Node, tuple[int, int, int]]:
     """Per region node: (forward transient beyond its outputs, backward bytes of recomputing and differentiating
     its body, bytes kept from its forward to its backward besides its inputs: the CPU RNG state, with grad
-    only), from the body's own liveness on the inputs it received."""
+    only, and a selective region's kept results), from the body's own liveness on the inputs it received."""
+    from ..memory.checkpoint_region import kept_result_bytes
     from .liveness import buffer_lifetimes, live_bytes, record_storages  # liveness imports this module
 
     out: dict[fx.Node, tuple[int, int, int]] = {}
@@ -98,7 +99,8 @@ def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dic
         bwd = backward_live_bytes(body, run.nodes, run.values, run.storages, buffers, run.saved)
         outputs = sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(values.get(node))
                       if isinstance(t, torch.Tensor))
-        out[node] = (max(0, max(inf) - outputs), max(max(train), max(bwd, default=0)), rng_state)
+        kept = rng_state + kept_result_bytes(region, flat)  # a selective region also keeps its matmuls' results
+        out[node] = (max(0, max(inf) - outputs), max(max(train), max(bwd, default=0)), kept)
     return out
 
 

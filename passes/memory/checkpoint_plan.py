@@ -34,12 +34,11 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...graph.metadata import get_meta, has_meta
 from ..analysis.liveness import _Runner
 from ..analysis.profile import FlopsPerNode, ProfileRecord
-from .checkpoint_region import SAVED_OPS
+from .checkpoint_region import KeptStorages
 
 __all__ = ["GraphCosts", "Plan", "graph_costs", "plan_checkpoints", "plan_of"]
 
@@ -139,25 +138,18 @@ def _attention_flops(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any])
     return flops // 2 if causal else flops
 
 
-class _KeptResults(TorchDispatchMode):
-    """Records, per node of the runner, the result storages of the ops a selective region keeps (SAVED_OPS):
-    exactly what torch.utils.checkpoint's policy will hold, whichever kernels the node's layers call."""
+class _KeptResults(KeptStorages):
+    """The kept storages (SAVED_OPS results) by the runner's current node: exactly what torch.utils.checkpoint's
+    policy will hold, whichever kernels the node's layers call."""
 
     def __init__(self, runner: _Runner) -> None:
         super().__init__()
         self.runner = runner
         self.kept: dict[fx.Node, dict[int, int]] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        node = self.runner.current
-        if func in SAVED_OPS and node is not None:
-            mine = self.kept.setdefault(node, {})
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and not t.is_meta:
-                    ptr, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
-                    mine[ptr] = size
-        return out
+    def record(self, ptr: int, size: int) -> None:
+        if self.runner.current is not None:
+            self.kept.setdefault(self.runner.current, {})[ptr] = size
 
 
 def graph_costs(gm: fx.GraphModule, flat: list[Any], selective: bool = False) -> GraphCosts:

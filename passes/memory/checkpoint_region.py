@@ -25,6 +25,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ...graph import targets
@@ -32,7 +33,7 @@ from ...graph.checkpoint import _codegen_json, _node_json
 from ...graph.checkpoint_load import CHECKPOINT_SCHEMA_VERSION, _build_graph, _check_config
 from .dropout_tape import DropoutTape
 
-__all__ = ["CheckpointRegion"]
+__all__ = ["CheckpointRegion", "KeptStorages", "SAVED_OPS", "kept_result_bytes"]
 
 
 class CheckpointRegion(nn.Module):
@@ -89,6 +90,37 @@ SAVED_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
                        torch.ops.aten._scaled_dot_product_flash_attention.default,
                        torch.ops.aten._scaled_dot_product_efficient_attention.default,
                        torch.ops.aten._scaled_dot_product_cudnn_attention.default})
+
+
+class KeptStorages(TorchDispatchMode):
+    """Collects the result storages of SAVED_OPS calls while active (what a selective region keeps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in SAVED_OPS:
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and not t.is_meta:
+                    self.record(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return out
+
+    def record(self, ptr: int, size: int) -> None:
+        self.storages[ptr] = size
+
+
+def kept_result_bytes(region: CheckpointRegion, inputs: list[Any]) -> int:
+    """Bytes a selective region keeps from its forward to its backward besides its inputs and outputs (0 for a
+    full one): its SAVED_OPS results on these inputs that are not what it returns (those are live anyway)."""
+    if not region.selective:
+        return 0
+    with torch.no_grad(), KeptStorages() as kept:
+        out = region.body()(*inputs)
+    returned = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(out)
+                if isinstance(t, torch.Tensor)}
+    return sum(size for ptr, size in kept.storages.items() if ptr not in returned)
 
 
 def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
