@@ -67,6 +67,8 @@ CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]], Ca
     "fold_constants": ("fold_constants_transform_pass", {}, [], None),
     "fuse_kernels": ("fuse_kernels_transform_pass", {}, [], None),
     "activation_checkpoint": ("activation_checkpoint_transform_pass", {"fraction": 0.9}, [], None),
+    "activation_checkpoint_selective": ("activation_checkpoint_transform_pass", {"fraction": 0.95, "selective": True},
+                                        [], None),
     "buffer_reuse": ("buffer_reuse_transform_pass", {}, [], None),
     "split_stages": ("split_stages_transform_pass", {"stages": 2, "balance": "params"}, [], None),
     "emit_verilog": ("emit_verilog_transform_pass", {"out_dir": tempfile.mkdtemp(prefix="fxforge-emit-"),
