@@ -118,6 +118,47 @@ def seeded_training_step(mg: Any, inputs: dict[str, torch.Tensor],
     return [t.detach() for t in leaves], {n: p.grad for n, p in mg.model.named_parameters()}
 
 
+def assert_steps_bitwise_equal(ref: Any, new: Any, shapes: list[dict[str, torch.Tensor]], seed: int = 7) -> None:
+    """Seeded training steps of ``new`` equal ``ref``'s bitwise (outputs and every gradient), in train and eval
+    mode, at each input of ``shapes`` (what a recomputation transform must keep)."""
+    for train in (True, False):
+        ref.model.train(train)
+        new.model.train(train)
+        for inputs in shapes:
+            ref_out, ref_grad = seeded_training_step(ref, inputs, seed)
+            new_out, new_grad = seeded_training_step(new, inputs, seed)
+            assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True)), train
+            assert ref_grad.keys() == new_grad.keys()
+            assert all((a is None and b is None) or torch.equal(a, b) for a, b in
+                       zip(ref_grad.values(), new_grad.values())), train
+
+
+def assert_compiled_step_matches(ref: Any, new: Any, shapes: list[dict[str, torch.Tensor]], seed: int = 5) -> None:
+    """``new`` under torch.compile (inductor drawing random numbers through aten: fallback_random) matches the
+    eager ``ref``'s seeded training step, dropout on, at each input (to float rounding: inductor fuses and
+    reorders), with no graph break."""
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    ref.model.train()
+    new.model.train()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with inductor_config.patch(fallback_random=True):
+        compiled_model = torch.compile(new.model)
+        for inputs in shapes:
+            ref_out, ref_grad = seeded_training_step(ref, inputs, seed)
+            new.model.zero_grad(set_to_none=True)
+            torch.manual_seed(seed)
+            leaves = [t for t in torch.utils._pytree.tree_leaves(compiled_model(**inputs))
+                      if isinstance(t, torch.Tensor)]
+            torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
+            assert all(torch.allclose(a, b.detach(), atol=1e-6) for a, b in zip(ref_out, leaves, strict=True))
+            for name, p in new.model.named_parameters():
+                assert p.grad is not None and torch.allclose(p.grad, ref_grad[name], atol=1e-6), name
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+
+
 def make_agru() -> nn.Module:
     from fxforge.models.agru import AGRUClassifier
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import bert_inputs, make_agru, make_gpt, make_tiny_bert
+from conftest import assert_steps_bitwise_equal, bert_inputs, make_agru, make_gpt, make_tiny_bert
 from conftest import seeded_training_step as _step
 
 from fxforge import ForgeGraph, passes
@@ -71,16 +71,7 @@ def test_outputs_and_gradients_are_bitwise_equal(model: str, request: pytest.Fix
     assert info.planned_peak_bytes <= info.budget_bytes < info.baseline_peak_bytes
     assert 0 < info.recompute_fraction <= 1.0 + 1e-9
     assert [n for n, _ in out.model.named_parameters()] == [n for n, _ in mg.model.named_parameters()]
-    for train in (True, False):
-        mg.model.train(train)
-        out.model.train(train)
-        for inputs in shapes:
-            ref_out, ref_grad = _step(mg, inputs, seed=7)
-            new_out, new_grad = _step(out, inputs, seed=7)
-            assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True)), (model, train)
-            assert ref_grad.keys() == new_grad.keys()
-            assert all((a is None and b is None) or torch.equal(a, b) for a, b in
-                       zip(ref_grad.values(), new_grad.values())), (model, train)
+    assert_steps_bitwise_equal(mg, out, shapes)
 
 
 def test_dropout_is_replayed_not_disabled(bert_checkpointed: tuple[ForgeGraph, Any]) -> None:

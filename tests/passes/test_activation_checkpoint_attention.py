@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import bert_inputs
+from conftest import assert_compiled_step_matches, bert_inputs
 from conftest import seeded_training_step as _step
 
 from fxforge import ForgeGraph
@@ -88,27 +88,8 @@ def test_regions_compile_without_graph_breaks_and_replay_dropout() -> None:
     recomputes, replaying its random ops from the state saved in forward: with inductor drawing through aten
     (fallback_random), the compiled checkpointed tiny BERT's outputs and gradients match the eager unmodified
     graph's under the same seed, dropout on, at two shapes (to float rounding: inductor fuses and reorders)."""
-    import torch._dynamo
-    import torch._inductor.config as inductor_config
-
     mg = _graph("tiny-bert")
     shapes = [bert_inputs(batch=b, seq=s) for b, s in SHAPES["tiny-bert"]]
     out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.7, "data": shapes[1]})
     assert info.segments >= 1
-    mg.model.train()
-    out.model.train()
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    with inductor_config.patch(fallback_random=True):
-        compiled_model = torch.compile(out.model)
-        for inputs in shapes:
-            ref_out, ref_grad = _step(mg, inputs, seed=5)
-            out.model.zero_grad(set_to_none=True)
-            torch.manual_seed(5)
-            leaves = [t for t in torch.utils._pytree.tree_leaves(compiled_model(**inputs))
-                      if isinstance(t, torch.Tensor)]
-            torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
-            assert all(torch.allclose(a, b.detach(), atol=1e-6) for a, b in zip(ref_out, leaves, strict=True))
-            for name, p in out.model.named_parameters():
-                assert p.grad is not None and torch.allclose(p.grad, ref_grad[name], atol=1e-6), name
-    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    assert_compiled_step_matches(mg, out, shapes)

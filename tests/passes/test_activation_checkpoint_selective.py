@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import bert_inputs, make_gpt, make_tiny_bert
+from conftest import (
+    assert_compiled_step_matches,
+    assert_steps_bitwise_equal,
+    bert_inputs,
+    make_gpt,
+    make_tiny_bert,
+)
 from conftest import seeded_training_step as _step
 
 from fxforge import ForgeGraph
@@ -47,15 +53,7 @@ def test_selective_regions_are_bitwise_equal(build: Any) -> None:
     regions = checkpoint_regions(out.model)
     assert info.segments == len(regions) >= 1 and all(r.selective for r in regions)
     assert info.planned_peak_bytes <= info.budget_bytes
-    for train in (True, False):
-        mg.model.train(train)
-        out.model.train(train)
-        for inputs in shapes:
-            ref_out, ref_grad = _step(mg, inputs, seed=7)
-            new_out, new_grad = _step(out, inputs, seed=7)
-            assert all(torch.equal(a, b) for a, b in zip(ref_out, new_out, strict=True)), train
-            assert all((a is None and b is None) or torch.equal(a, b) for a, b in
-                       zip(ref_grad.values(), new_grad.values(), strict=True)), train
+    assert_steps_bitwise_equal(mg, out, shapes)
 
 
 def test_selective_regions_do_not_recompute_their_linears() -> None:
@@ -149,29 +147,10 @@ def test_selective_regions_compile_without_graph_breaks() -> None:
     """Under torch.compile a selective region is traced whole with its policy (AOTAutograd keeps the policy's
     results, recomputes the rest and replays dropout): the compiled graph's outputs and gradients match the eager
     unmodified graph's under the same seed, dropout on, at two shapes (to float rounding)."""
-    import torch._dynamo
-    import torch._inductor.config as inductor_config
-
     mg, shapes = _bert()
     out, info = activation_checkpoint_transform_pass(mg, {"fraction": 0.9, "selective": True})
     assert info.segments >= 1
-    mg.model.train()
-    out.model.train()
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    with inductor_config.patch(fallback_random=True):
-        compiled_model = torch.compile(out.model)
-        for inputs in shapes:
-            ref_out, ref_grad = _step(mg, inputs, seed=5)
-            out.model.zero_grad(set_to_none=True)
-            torch.manual_seed(5)
-            leaves = [t for t in torch.utils._pytree.tree_leaves(compiled_model(**inputs))
-                      if isinstance(t, torch.Tensor)]
-            torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
-            assert all(torch.allclose(a, b.detach(), atol=1e-6) for a, b in zip(ref_out, leaves, strict=True))
-            for name, p in out.model.named_parameters():
-                assert p.grad is not None and torch.allclose(p.grad, ref_grad[name], atol=1e-6), name
-    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    assert_compiled_step_matches(mg, out, shapes)
 
 
 def test_liveness_counts_what_selective_regions_keep() -> None:
