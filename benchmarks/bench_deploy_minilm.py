@@ -199,12 +199,16 @@ def shrunk_point(args: argparse.Namespace, base: ForgeGraph, task: Any, graphs: 
             "skipped")
         return
     calib = task.calibration(base.model)
+    shrunk: ForgeGraph | None = None
     if widths is not None:  # the point itself: its structure and its trained (fine-tuned) weights, as float
-        shrunk = rt.weights_as_float(best)
-        log(f"{SHRUNK}: the best point's own graph ({sparsity:.1%} of FFN units removed, its fine-tuned weights as "
-            "its quantizers compute them), every Linear in int8 (per-channel weights; calibrated or dynamic "
-            "activations)")
-    else:
+        try:
+            shrunk = rt.weights_as_float(best)
+            log(f"{SHRUNK}: the best point's own graph ({sparsity:.1%} of FFN units removed, its fine-tuned weights "
+                "as its quantizers compute them), every Linear in int8 (per-channel weights; calibrated or dynamic "
+                "activations)")
+        except ValueError as exc:  # a point quantizing activations: its float twin would compute something else
+            log(f"{SHRUNK}: the best point's own weights cannot stand in ({exc}); its FFN structure re-pruned instead")
+    if shrunk is None:
         shrunk = prune_ffn(base, sparsity, "taylor", calib)
         log(f"{SHRUNK}: {source} ({sparsity:.1%} of FFN units removed by Taylor importance on {args.calib} "
             "training reviews, not fine-tuned), every Linear in int8 (per-channel weights; calibrated or dynamic "
@@ -313,7 +317,8 @@ def report(args: argparse.Namespace, variants: dict[str, Variant], acc: dict[str
 
 def targets(rows: dict[str, Any], shape: str, length: int, ceiling: EagerProfile | None = None) -> dict[str, Any]:
     """The issue's targets at ``shape`` as met / not met (None: that artifact is missing); AOTInductor's line
-    carries this CPU's compiled-fp32 ceiling when profiled (a target below it is out of any compiler's reach)."""
+    carries this CPU's compiled-fp32 ceiling when profiled (below its first figure a compiler needs GEMMs faster
+    than eager's; below the second, faster than this CPU's sgemm)."""
     def x(name: str) -> float | None:
         return rows.get(name, {}).get("x_eager", {}).get(shape)
 

@@ -120,6 +120,18 @@ def test_without_a_search_point_ffn_sparsity_stands_in(checkpoints: tuple[Path, 
         batch = {k: t for k, t in task.eval_batches()[0][0].items() if k != "labels"}
         assert v.run(**batch).shape == (batch["input_ids"].shape[0], 2)
     assert any("--ffn-sparsity (50.0% of FFN units removed" in note for note in log)
+    # a search point quantizing its activations cannot lend its weights as float: its structure is re-pruned
+    acting, _ = quantize_transform_pass(prune_ffn(base, 0.5), {"by": "type", "default": {"config": {"name": None}},
+                                                               "linear": {"config": {"name": "scaled_integer",
+                                                                                     "weight_width": 8,
+                                                                                     "data_in_width": 8}}})
+    acting.eval().export(tmp_path / "acting")
+    variants.clear()
+    shrunk_point(argparse.Namespace(best=str(tmp_path / "acting"), ffn_sparsity=None, calib=16), base, task, graphs,
+                 variants, log, tmp_path / "c")
+    assert set(variants) == {SHRUNK, SHRUNK_DYN}
+    assert any("own weights cannot stand in" in note and "quantizes ['data_in']" in note for note in log)
+    assert ffn_widths(graphs[variants[SHRUNK].reference]) == [w // 2 for w in ffn_widths(base)]
 
 
 def test_weights_as_float_keeps_a_search_points_outputs() -> None:
