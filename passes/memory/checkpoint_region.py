@@ -151,7 +151,7 @@ def _to_config(region: CheckpointRegion) -> dict[str, Any]:
     config = {"inputs": region.inputs, "children": list(region._modules), "rebuilt": rebuilt,
               "codegen": _codegen_json(region._graph),
               "nodes": [_node_json(n, body, tensor_names) for n in region._graph.nodes]}
-    if region.selective:  # written only when set: checkpoints of full regions stay as they were
+    if getattr(region, "selective", False):  # only when set: full regions (and stages, stored alike) unchanged
         config["selective"] = True
     return config
 
