@@ -33,6 +33,7 @@ summed or mean loss) and outputs that are not saved (freed before backward start
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -84,7 +85,7 @@ def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dic
     """Per region node: (forward transient beyond its outputs, backward bytes of recomputing and differentiating
     its body, bytes kept from its forward to its backward besides its inputs: the CPU RNG state, with grad
     only, and a selective region's kept results), from the body's own liveness on the inputs it received."""
-    from ..memory.checkpoint_region import kept_result_bytes
+    from ..memory.checkpoint_region import KeptStorages
     from .liveness import buffer_lifetimes, live_bytes, record_storages  # liveness imports this module
 
     out: dict[fx.Node, tuple[int, int, int]] = {}
@@ -93,14 +94,17 @@ def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dic
         body = region.body()
         body.eval()  # record_storages restores this mode on the children, which the outer graph shares
         flat = [values[a] if isinstance(a, fx.Node) else a for a in node.args[: region.inputs]]
-        run = record_storages(body, flat)
+        kept = KeptStorages()  # a selective region also keeps its matmuls' results: recorded in the same run
+        with kept if region.selective else contextlib.nullcontext():
+            run = record_storages(body, flat)
         buffers, _ = buffer_lifetimes(run)
         inf, train = live_bytes(buffers, len(run.nodes))
         bwd = backward_live_bytes(body, run.nodes, run.values, run.storages, buffers, run.saved)
         outputs = sum(t.untyped_storage().nbytes() for t in pytree.tree_leaves(values.get(node))
                       if isinstance(t, torch.Tensor))
-        kept = rng_state + kept_result_bytes(region, flat)  # a selective region also keeps its matmuls' results
-        out[node] = (max(0, max(inf) - outputs), max(max(train), max(bwd, default=0)), kept)
+        returned = {ptr for ptr, _ in run.storages.get(run.nodes[-1], [])}  # live anyway, not kept besides
+        kept_bytes = sum(size for ptr, size in kept.storages.items() if ptr not in returned)
+        out[node] = (max(0, max(inf) - outputs), max(max(train), max(bwd, default=0)), rng_state + kept_bytes)
     return out
 
 

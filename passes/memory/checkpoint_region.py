@@ -33,7 +33,7 @@ from ...graph.checkpoint import _codegen_json, _node_json
 from ...graph.checkpoint_load import CHECKPOINT_SCHEMA_VERSION, _build_graph, _check_config
 from .dropout_tape import DropoutTape
 
-__all__ = ["CheckpointRegion", "KeptStorages", "SAVED_OPS", "kept_result_bytes"]
+__all__ = ["CheckpointRegion", "KeptStorages", "SAVED_OPS"]
 
 
 class CheckpointRegion(nn.Module):
@@ -109,18 +109,6 @@ class KeptStorages(TorchDispatchMode):
 
     def record(self, ptr: int, size: int) -> None:
         self.storages[ptr] = size
-
-
-def kept_result_bytes(region: CheckpointRegion, inputs: list[Any]) -> int:
-    """Bytes a selective region keeps from its forward to its backward besides its inputs and outputs (0 for a
-    full one): its SAVED_OPS results on these inputs that are not what it returns (those are live anyway)."""
-    if not region.selective:
-        return 0
-    with torch.no_grad(), KeptStorages() as kept:
-        out = region.body()(*inputs)
-    returned = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(out)
-                if isinstance(t, torch.Tensor)}
-    return sum(size for ptr, size in kept.storages.items() if ptr not in returned)
 
 
 def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

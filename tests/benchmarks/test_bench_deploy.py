@@ -17,6 +17,9 @@ from fxforge.passes.quantize import quantize_transform_pass
 
 MXINT3 = {"by": "type", "default": {"config": {"name": None}},
           "linear": {"config": {"name": "mxint", "weight_width": 3, "weight_block_size": 32}}}
+# linears quantizing their inputs too: a point whose float twin would compute something else
+INT8_ACTING = {"by": "type", "default": {"config": {"name": None}},
+               "linear": {"config": {"name": "scaled_integer", "weight_width": 8, "data_in_width": 8}}}
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +124,7 @@ def test_without_a_search_point_ffn_sparsity_stands_in(checkpoints: tuple[Path, 
         assert v.run(**batch).shape == (batch["input_ids"].shape[0], 2)
     assert any("--ffn-sparsity (50.0% of FFN units removed" in note for note in log)
     # a search point quantizing its activations cannot lend its weights as float: its structure is re-pruned
-    acting, _ = quantize_transform_pass(prune_ffn(base, 0.5), {"by": "type", "default": {"config": {"name": None}},
-                                                               "linear": {"config": {"name": "scaled_integer",
-                                                                                     "weight_width": 8,
-                                                                                     "data_in_width": 8}}})
+    acting, _ = quantize_transform_pass(prune_ffn(base, 0.5), INT8_ACTING)
     acting.eval().export(tmp_path / "acting")
     variants.clear()
     shrunk_point(argparse.Namespace(best=str(tmp_path / "acting"), ffn_sparsity=None, calib=16), base, task, graphs,
@@ -158,8 +158,6 @@ def test_weights_as_float_keeps_a_search_points_outputs() -> None:
                   "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": torch.zeros(batch).long()}
         with torch.no_grad():
             assert torch.equal(plain.model(**inputs)["logits"], point.model(**inputs)["logits"])
-    acting, _ = quantize_transform_pass(base.copy(), {"by": "type", "default": {"config": {"name": None}},
-                                                      "linear": {"config": {"name": "scaled_integer",
-                                                                            "weight_width": 8, "data_in_width": 8}}})
+    acting, _ = quantize_transform_pass(base.copy(), INT8_ACTING)
     with pytest.raises(ValueError, match=r"bert\.encoder\.layer\.0\.attention\.self\.query: quantizes \['data_in'\]"):
         weights_as_float(acting)
