@@ -175,25 +175,28 @@ def plan_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], share: float
 
 
 def plan_equal_memory(graph: ForgeGraph, inputs: dict[str, torch.Tensor], reference: str, peak: int,
-                      margin: float, selective: bool = False) -> tuple[ForgeGraph | None, dict[str, Any]]:
+                      margin: float, selective: bool | str = False, measure: bool = False
+                      ) -> tuple[ForgeGraph | None, dict[str, Any]]:
     """Plan ``graph`` for budget_mb = (1 - margin) x another variant's MEASURED peak, to time both at the same
-    memory (``selective``: regions keeping their linears' and fused attentions' results). No share is raised here:
-    where no plan reaches it, the graph is None and the record holds the smallest peak the pass reports
-    reachable."""
+    memory (``selective``: the pass's selective mode; ``measure``: the pass fits the budget on the allocator's
+    measured peak of its candidate plans, not its estimate). No share is raised here: where no plan reaches it,
+    the graph is None and the record holds the smallest peak the pass reports reachable."""
     from fxforge.passes.base import PassError
 
     ckpt = checkpoint_pass()
     assert ckpt is not None
     budget_mb = (1.0 - margin) * peak / MB
-    record: dict[str, Any] = {"reference": reference, "reference_peak_bytes": peak, "share": 1.0 - margin}
+    record: dict[str, Any] = {"reference": reference, "reference_peak_bytes": peak, "share": 1.0 - margin,
+                              "selective": selective, "measure": measure}
     try:
-        out, info = ckpt(graph, {"budget_mb": budget_mb, "data": inputs, "selective": selective})
+        out, info = ckpt(graph, {"budget_mb": budget_mb, "data": inputs, "selective": selective, "measure": measure})
     except PassError as exc:
-        found = re.search(r"reaches, ([0-9.]+) MB", str(exc))
+        found = re.search(r"(?:reaches|measured), ([0-9.]+) MB", str(exc))
         record.update(budget_bytes=int(budget_mb * MB), unreachable=True,
                       smallest_reachable_bytes=float(found.group(1)) * MB if found else None)
         return None, record
     record.update(budget_bytes=info.budget_bytes, planned_peak_bytes=info.planned_peak_bytes,
                   baseline_peak_bytes=info.baseline_peak_bytes, segments=info.segments,
-                  recompute_fraction=info.recompute_fraction)
+                  recompute_fraction=info.recompute_fraction, measured_peak_bytes=info.measured_peak_bytes,
+                  measured_plans=info.measured_plans)
     return out.train(), record

@@ -85,7 +85,7 @@ def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dic
     """Per region node: (forward transient beyond its outputs, backward bytes of recomputing and differentiating
     its body, bytes kept from its forward to its backward besides its inputs: the CPU RNG state, with grad
     only, and a selective region's kept results), from the body's own liveness on the inputs it received."""
-    from ..memory.checkpoint_region import KeptStorages
+    from ..memory.checkpoint_region import KeptStorages, kept_ops
     from .liveness import buffer_lifetimes, live_bytes, record_storages  # liveness imports this module
 
     out: dict[fx.Node, tuple[int, int, int]] = {}
@@ -94,7 +94,7 @@ def region_costs(regions: dict[fx.Node, Any], values: dict[fx.Node, Any]) -> dic
         body = region.body()
         body.eval()  # record_storages restores this mode on the children, which the outer graph shares
         flat = [values[a] if isinstance(a, fx.Node) else a for a in node.args[: region.inputs]]
-        kept = KeptStorages()  # a selective region also keeps its matmuls' results: recorded in the same run
+        kept = KeptStorages(kept_ops(region.selective))  # a selective region keeps its policy's results too
         with kept if region.selective else contextlib.nullcontext():
             run = record_storages(body, flat)
         buffers, _ = buffer_lifetimes(run)

@@ -38,7 +38,7 @@ import torch.fx as fx
 from ...graph.metadata import get_meta, has_meta
 from ..analysis.liveness import _Runner
 from ..analysis.profile import FlopsPerNode, ProfileRecord
-from .checkpoint_region import KeptStorages
+from .checkpoint_region import KeptStorages, Selective, kept_ops
 
 __all__ = ["GraphCosts", "Plan", "graph_costs", "plan_checkpoints", "plan_of"]
 
@@ -139,11 +139,11 @@ def _attention_flops(gm: fx.GraphModule, node: fx.Node, env: dict[fx.Node, Any])
 
 
 class _KeptResults(KeptStorages):
-    """The kept storages (SAVED_OPS results) by the runner's current node: exactly what torch.utils.checkpoint's
-    policy will hold, whichever kernels the node's layers call."""
+    """The kept storages (the mode's kept_ops results) by the runner's current node: exactly what
+    torch.utils.checkpoint's policy will hold, whichever kernels the node's layers call."""
 
-    def __init__(self, runner: _Runner) -> None:
-        super().__init__()
+    def __init__(self, runner: _Runner, selective: Selective) -> None:
+        super().__init__(kept_ops(selective))
         self.runner = runner
         self.kept: dict[fx.Node, dict[int, int]] = {}
 
@@ -152,13 +152,14 @@ class _KeptResults(KeptStorages):
             self.kept.setdefault(self.runner.current, {})[ptr] = size
 
 
-def graph_costs(gm: fx.GraphModule, flat: list[Any], selective: bool = False) -> GraphCosts:
+def graph_costs(gm: fx.GraphModule, flat: list[Any], selective: Selective = False) -> GraphCosts:
     """Run ``gm`` once in training mode with grad (RNG state restored after) and derive the planner's costs.
 
     ``selective``: the segments are selective regions (CheckpointRegion(selective=True)), which keep the
     results of their matrix multiplies and fused attention kernels (SAVED_OPS, recorded per node as the run
     calls them) and recompute only the rest: a segment's kept bytes add those results, its inside loses the
-    saved tensors they are, and a node whose kernels are all kept costs nothing to recompute."""
+    saved tensors they are, and a node whose kernels are all kept costs nothing to recompute. ``"attention"``:
+    the same with only the fused attention kernels' results kept (ATTENTION_OPS)."""
     from torch.utils.flop_counter import FlopCounterMode  # imports triton: only when a plan is made
 
     mode = FlopCounterMode(display=False)
@@ -166,7 +167,7 @@ def graph_costs(gm: fx.GraphModule, flat: list[Any], selective: bool = False) ->
     modes = [(m, m.training) for m in gm.modules()]
     buffers = [(b, b.clone()) for b in gm.buffers()]  # a training-mode run may update running statistics
     gm.train()
-    kept = _KeptResults(runner)
+    kept = _KeptResults(runner, selective)
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), mode, \
                 torch.autograd.graph.saved_tensors_hooks(runner.pack, lambda t: t), \
@@ -290,13 +291,13 @@ def plan_of(c: GraphCosts, segments: tuple[tuple[int, int], ...]) -> Plan:
     prefix = [0]
     for b in c.saved:
         prefix.append(prefix[-1] + b)
-    dropped = boundary = top = 0  # inside bytes of earlier segments (not kept), their boundary inputs (kept)
+    dropped = boundary = top = 0  # saved bytes of earlier segments' nodes (not kept), their boundaries (kept)
     work = 0.0
     for a, b in segments:
         inside, in_bytes, w = next((i, s, w) for j, i, s, w in c.spans[b] if j == a)
-        boundary += in_bytes
-        top = max(top, prefix[b + 1] - dropped + boundary)  # this segment's inside is live: not yet dropped
-        dropped += inside
+        boundary += in_bytes  # a selective segment's kept results are here, not among its nodes' saved bytes
+        top = max(top, prefix[a] - dropped + boundary + inside)  # this segment's inside is live while recomputed
+        dropped += prefix[b + 1] - prefix[a]
         work += w
     kept = prefix[-1] - dropped + boundary
     return Plan(segments, max(kept, top) + c.transient, work)

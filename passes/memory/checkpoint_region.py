@@ -13,12 +13,14 @@ partitioner recomputes it in backward and replays its random ops from the RNG st
 rewrite engine's unused-module clean-up (passes/rewrite.delete_unused_submodules) keeps the aliased layers at
 their own paths. A ``selective`` region keeps the results of its matrix multiplies and attention kernels
 (``SAVED_OPS``) and recomputes only the rest, eager or compiled (torch.utils.checkpoint's selective activation
-checkpointing; random ops replay the forward's RNG state, no dropout tape).
+checkpointing; random ops replay the forward's RNG state, no dropout tape); ``selective="attention"`` keeps only
+its fused attention kernels' results (``ATTENTION_OPS``: the costliest op of a long sequence per byte it returns)
+and recomputes its linears too.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 import torch.fx as fx
@@ -33,7 +35,9 @@ from ...graph.checkpoint import _codegen_json, _node_json
 from ...graph.checkpoint_load import CHECKPOINT_SCHEMA_VERSION, _build_graph, _check_config
 from .dropout_tape import DropoutTape
 
-__all__ = ["CheckpointRegion", "KeptStorages", "SAVED_OPS"]
+__all__ = ["ATTENTION_OPS", "SAVED_OPS", "CheckpointRegion", "KeptStorages", "Selective", "kept_ops"]
+
+Selective = bool | Literal["attention"]  # False: full recomputation; True: keep SAVED_OPS; "attention": ATTENTION_OPS
 
 
 class CheckpointRegion(nn.Module):
@@ -41,8 +45,11 @@ class CheckpointRegion(nn.Module):
 
     recomputed_in_backward = True  # the "activation-checkpointed" graph property (passes/contract.py)
 
-    def __init__(self, graph: fx.Graph, children: dict[str, nn.Module], inputs: int, selective: bool = False) -> None:
+    def __init__(self, graph: fx.Graph, children: dict[str, nn.Module], inputs: int, selective: Selective = False
+                 ) -> None:
         super().__init__()
+        if not _is_selective(selective):
+            raise ValueError(f"CheckpointRegion: selective must be true, false or 'attention', got {selective!r}")
         for name, child in children.items():
             self.add_module(name, child)
         self.inputs = inputs
@@ -63,9 +70,10 @@ class CheckpointRegion(nn.Module):
         if len(args) != self.inputs:
             raise TypeError(f"CheckpointRegion takes {self.inputs} inputs, got {len(args)}")
         body, inputs = self.body(), args
-        if self.selective and torch.is_grad_enabled():  # matmul and attention results kept, the rest recomputed
-            return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True,
-                                                     context_fn=_save_heavy_results)
+        if self.selective and torch.is_grad_enabled():  # the policy's results kept, the rest recomputed
+            return torch.utils.checkpoint.checkpoint(
+                body, *inputs, use_reentrant=False, preserve_rng_state=True,
+                context_fn=_save_heavy_results if self.selective is True else _save_attention_results)
         if torch.compiler.is_compiling():  # dynamo traces the checkpoint into a region AOTAutograd recomputes
             return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)
         if torch.is_grad_enabled():
@@ -78,30 +86,43 @@ class CheckpointRegion(nn.Module):
     def extra_repr(self) -> str:
         nodes = [n for n in self._graph.nodes if n.op not in ("placeholder", "output")]
         return (f"inputs={self.inputs}, nodes={len(nodes)}, first={nodes[0].name}, last={nodes[-1].name}"
-                + (", selective" if self.selective else ""))
+                + ("" if not self.selective else ", selective" if self.selective is True else
+                   f", selective={self.selective}"))
 
 
 # what a selective region keeps: the results of matrix multiplies (linears) and fused attention kernels (the
 # costly ops); every other op is recomputed in backward (torch.utils.checkpoint's selective activation
 # checkpointing). Batched multiplies (bmm) are left out: in an unfused attention they make the sequence x
-# sequence scores, the largest activations a region exists to drop.
-SAVED_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
-                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-                       torch.ops.aten._scaled_dot_product_flash_attention.default,
-                       torch.ops.aten._scaled_dot_product_efficient_attention.default,
-                       torch.ops.aten._scaled_dot_product_cudnn_attention.default})
+# sequence scores, the largest activations a region exists to drop. An "attention" region keeps only the fused
+# attention kernels' results (output and log-sum-exp: a few MB for milliseconds of work at a long sequence) and
+# recomputes its linears, so it fits where keeping every linear's result does not (the zoo GPT at T = 1024).
+ATTENTION_OPS = frozenset({torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                           torch.ops.aten._scaled_dot_product_flash_attention.default,
+                           torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                           torch.ops.aten._scaled_dot_product_cudnn_attention.default})
+SAVED_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default}) | ATTENTION_OPS
+
+
+def _is_selective(value: Any) -> bool:
+    return value is True or value is False or (isinstance(value, str) and value == "attention")
+
+
+def kept_ops(selective: Selective) -> frozenset[Any]:
+    """The ops whose results a region in this mode keeps (none for full recomputation)."""
+    return SAVED_OPS if selective is True else ATTENTION_OPS if selective == "attention" else frozenset()
 
 
 class KeptStorages(TorchDispatchMode):
-    """Collects the result storages of SAVED_OPS calls while active (what a selective region keeps)."""
+    """Collects the result storages of ``ops`` calls while active (what a selective region in that mode keeps)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ops: frozenset[Any] = SAVED_OPS) -> None:
         super().__init__()
+        self.ops = ops
         self.storages: dict[int, int] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func in SAVED_OPS:
+        if func in self.ops:
             for t in torch.utils._pytree.tree_leaves(out):
                 if isinstance(t, torch.Tensor) and not t.is_meta:
                     self.record(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
@@ -115,9 +136,18 @@ def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _attention_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
 def _save_heavy_results() -> tuple[Any, Any]:
     """The selective region's context pair (a fresh one per call, as torch.utils.checkpoint asks)."""
     return create_selective_checkpoint_contexts(_policy)
+
+
+def _save_attention_results() -> tuple[Any, Any]:
+    """The same for a region keeping only its attention kernels' results."""
+    return create_selective_checkpoint_contexts(_attention_policy)
 
 
 def _has_dropout(graph: fx.Graph, owner: nn.Module) -> bool:
@@ -140,7 +170,7 @@ def _to_config(region: CheckpointRegion) -> dict[str, Any]:
               "codegen": _codegen_json(region._graph),
               "nodes": [_node_json(n, body, tensor_names) for n in region._graph.nodes]}
     if getattr(region, "selective", False):  # only when set: full regions (and stages, stored alike) unchanged
-        config["selective"] = True
+        config["selective"] = region.selective
     return config
 
 
@@ -151,8 +181,8 @@ def _from_config(config: dict[str, Any]) -> CheckpointRegion:
     if set(config) - {"selective"} != {"inputs", "children", "rebuilt", "codegen", "nodes"}:
         raise targets.CheckpointError(f"CheckpointRegion config keys {sorted(config)} are not the expected ones")
     selective = config.get("selective", False)
-    if selective is not True and selective is not False:
-        raise targets.CheckpointError("CheckpointRegion config: selective must be true or false")
+    if not _is_selective(selective):
+        raise targets.CheckpointError("CheckpointRegion config: selective must be true, false or 'attention'")
     names, rebuilt, inputs = config["children"], config["rebuilt"], config["inputs"]
     if not isinstance(names, list) or not all(targets.is_identifier(n) for n in names) \
             or not isinstance(rebuilt, dict) or not set(rebuilt) <= set(names) \
