@@ -24,18 +24,20 @@ pass's own estimate of the unmodified peak instead.
 
 The equal-memory rows ask "at the memory another method reaches, who is faster": once torch.compile's (budget
 set to fxforge's measured share) and every-layer torch.utils.checkpoint's peaks are measured, fxforge is planned
-for ``budget_mb = (1 - MEASURED_MARGIN) x that MEASURED peak`` with ``measure`` (the pass fits the budget on the
-allocator's measured peak of its candidate plans, one step each, not on its estimate; the 0.5 % margin is for the
-step's loss: the pass sums the graph's outputs, the bench takes the loss) and timed in the same interleaved rounds.
-At torch.compile's memory: full recomputation eager ("fxforge at torch.compile's memory"), the same plan compiled
-("..., compiled": functorch's budget 1.0, the regions are the recomputation; AOTAutograd recomputes each traced
-checkpoint and replays its dropout; fusion on both sides, since torch.compile fuses too), and selective regions
-compiled (``selective``: each keeps its linears' and fused attentions' results, what compile's min-cut does). At
-every-layer checkpoint's memory: full recomputation and regions keeping only their attentions' results
-(``selective="attention"``), both eager as torch.utils.checkpoint is. Every timed row's peak must be within the
-other's (a check); its step time is printed ("info"); the check on time is per reference: fxforge's fastest plan
-within the other's peak runs at most its step time. Where no plan measures within a peak, the row is left out
-and the smallest peak the pass reports is printed.
+to run within that MEASURED peak and timed in the same interleaved rounds (memory_variants.plan_equal_memory):
+- at every-layer checkpoint's memory, eager as torch.utils.checkpoint is: full recomputation, and regions keeping
+  only their attentions' results (``selective="attention"``), each fitted with ``measure`` (the pass measures its
+  candidate plans' peaks, one step each, for ``budget_mb = (1 - MEASURED_MARGIN) x that peak``; the 0.5 % margin
+  is for the step's loss: the pass sums the graph's outputs, the bench takes the loss);
+- at torch.compile's memory: full recomputation planned on the estimate for ``(1 - MARGIN) x that peak`` (an
+  eager measurement does not bound the compiled graph's peak), timed eager and compiled ("..., compiled":
+  functorch's budget 1.0, the regions are the recomputation; AOTAutograd recomputes each traced checkpoint and
+  replays its dropout; fusion on both sides, since torch.compile fuses too); and selective regions (each keeps
+  its linears' and fused attentions' results, what compile's min-cut keeps) at the smallest peak the pass
+  reaches, compiled: there the ops they recompute fuse into backward, so more regions save memory at little cost.
+Every timed row's peak must be within the other's (a check); its step time is printed ("info"); the check on
+time is one per reference: fxforge's fastest plan within the other's peak runs at most its step time. Where no
+plan fits, the row is left out and the smallest peak the pass reports is printed.
 
 The LoRA row asks what a user asks: "fit in 0.7x of what PEFT needs, as fast as possible". PEFT's peak is
 measured first, and fxforge LoRA + checkpoint is planned for ``budget_mb = 0.7 x (1 - LORA_MARGIN) x PEFT's
@@ -247,33 +249,37 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
 
     equal: dict[str, dict[str, Any]] = {}
 
-    def at_memory_of(prefix: str, rows: list[tuple[str, bool | str, bool]]
+    def at_memory_of(prefix: str, rows: list[tuple[str, bool | str, str, bool]]
                      ) -> Callable[[dict[str, int]], list[Variant]]:
         """fxforge planned for the measured peak of the variant named ``prefix...`` (once it is measured), one
-        plan per selective mode in ``rows`` (row name, selective mode, timed compiled), fitted on measured peaks."""
+        plan per (selective mode, how) in ``rows`` (row name, selective mode, how it is planned: see
+        plan_equal_memory, timed compiled)."""
 
         def make(peaks: dict[str, int]) -> list[Variant]:
             ref = next((n for n in peaks if n.startswith(prefix)), None)
             if ckpt is None or ref is None:
                 return []
             same: list[Variant] = []
-            plans: dict[bool | str, tuple[ForgeGraph | None, dict[str, Any]]] = {}
-            for row, selective, compile_it in rows:
-                if selective not in plans:
-                    plans[selective] = plan_equal_memory(base, inputs, ref, peaks[ref], MEASURED_MARGIN,
-                                                         selective=selective, measure=True)
-                ours, record = plans[selective]
+            plans: dict[tuple[bool | str, str], tuple[ForgeGraph | None, dict[str, Any]]] = {}
+            for row, selective, how, compile_it in rows:
+                if (selective, how) not in plans:
+                    plans[selective, how] = plan_equal_memory(base, inputs, ref, peaks[ref],
+                                                              MEASURED_MARGIN if how == "measured" else MARGIN,
+                                                              selective=selective, how=how)
+                ours, record = plans[selective, how]
                 equal[row] = record
                 if ours is None:
                     small = record["smallest_reachable_bytes"]
-                    print(f"  {row} ({label}): no plan measures within {record['budget_bytes'] / MB:.1f} MB ({ref} "
-                          f"measured {peaks[ref] / MB:.1f}); the smallest, as the pass reports it: "
+                    print(f"  {row} ({label}): no plan within {record['budget_bytes'] / MB:.1f} MB ({ref} measured "
+                          f"{peaks[ref] / MB:.1f}); the smallest, as the pass reports it: "
                           f"{'unknown' if small is None else f'{small / MB:.1f} MB'}: not timed")
                     continue
-                print(f"  {row} ({label}): budget {record['budget_bytes'] / MB:.1f} MB = {1 - MEASURED_MARGIN} x "
-                      f"{ref}'s measured peak, {record['segments']} segments, planned peak "
-                      f"{record['planned_peak_bytes'] / MB:.1f} MB, measured {record['measured_peak_bytes'] / MB:.1f} "
-                      f"({record['measured_plans']} plans measured), recompute {record['recompute_fraction']:.2f}")
+                measured = record["measured_peak_bytes"]
+                print(f"  {row} ({label}): {how} plan, budget {record['budget_bytes'] / MB:.1f} MB ({ref} measured "
+                      f"{peaks[ref] / MB:.1f}), {record['segments']} segments, planned peak "
+                      f"{record['planned_peak_bytes'] / MB:.1f} MB"
+                      + ("" if measured is None else f", measured {measured / MB:.1f} ({record['measured_plans']} "
+                         "plans measured)") + f", recompute {record['recompute_fraction']:.2f}")
                 same.append(compiled_plan(ours, inputs, row) if compile_it
                             else Variant(row, loss_step(ours, inputs), [ours.model]))
             return same
@@ -282,10 +288,12 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
 
     res = run_section(f"{label}: training step", variants, "unmodified graph", args.repeats, args.warmup,
                       [fxforge_variant, compile_variant,
-                       at_memory_of("torch.compile", [(AT_COMPILE, False, False), (AT_COMPILE_COMPILED, False, True),
-                                                      (AT_COMPILE_SELECTIVE, True, True)]),
-                       at_memory_of("torch.utils.checkpoint", [(AT_PER_LAYER, False, False),
-                                                               (AT_PER_LAYER_ATTENTION, "attention", False)])])
+                       at_memory_of("torch.compile", [(AT_COMPILE, False, "estimate", False),
+                                                      (AT_COMPILE_COMPILED, False, "estimate", True),
+                                                      (AT_COMPILE_SELECTIVE, True, "smallest", True)]),
+                       at_memory_of("torch.utils.checkpoint", [(AT_PER_LAYER, False, "measured", False),
+                                                               (AT_PER_LAYER_ATTENTION, "attention", "measured",
+                                                                False)])])
     res["plan"] = plan
     res["equal_memory"] = equal
     results[label] = res

@@ -175,26 +175,45 @@ def plan_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], share: float
 
 
 def plan_equal_memory(graph: ForgeGraph, inputs: dict[str, torch.Tensor], reference: str, peak: int,
-                      margin: float, selective: bool | str = False, measure: bool = False
+                      margin: float, selective: bool | str = False, how: str = "estimate"
                       ) -> tuple[ForgeGraph | None, dict[str, Any]]:
-    """Plan ``graph`` for budget_mb = (1 - margin) x another variant's MEASURED peak, to time both at the same
-    memory (``selective``: the pass's selective mode; ``measure``: the pass fits the budget on the allocator's
-    measured peak of its candidate plans, not its estimate). No share is raised here: where no plan reaches it,
-    the graph is None and the record holds the smallest peak the pass reports reachable."""
+    """Plan ``graph`` to run within another variant's MEASURED ``peak``, to time both at the same memory
+    (``selective``: the pass's selective mode). ``how``: "estimate" plans for budget_mb = (1 - margin) x peak on
+    the pass's estimate; "measured" the same with ``measure`` (the pass fits it on the allocator's measured peak of
+    its candidate plans); "smallest" plans for the smallest peak the pass reaches (it reports it when refusing a
+    budget no plan reaches), kept only if that is within the budget. No share is raised here: where no plan
+    fits, the graph is None and the record holds the smallest peak the pass reports reachable."""
     from fxforge.passes.base import PassError
 
     ckpt = checkpoint_pass()
-    assert ckpt is not None
+    assert ckpt is not None and how in ("estimate", "measured", "smallest")
     budget_mb = (1.0 - margin) * peak / MB
     record: dict[str, Any] = {"reference": reference, "reference_peak_bytes": peak, "share": 1.0 - margin,
-                              "selective": selective, "measure": measure}
-    try:
-        out, info = ckpt(graph, {"budget_mb": budget_mb, "data": inputs, "selective": selective, "measure": measure})
-    except PassError as exc:
+                              "selective": selective, "how": how}
+
+    def refused(exc: PassError) -> tuple[None, dict[str, Any]]:
         found = re.search(r"(?:reaches|measured), ([0-9.]+) MB", str(exc))
         record.update(budget_bytes=int(budget_mb * MB), unreachable=True,
                       smallest_reachable_bytes=float(found.group(1)) * MB if found else None)
         return None, record
+
+    args = {"data": inputs, "selective": selective, "measure": how == "measured"}
+    try:
+        if how == "smallest":
+            try:  # a budget no plan reaches: the refusal says the smallest peak one does
+                ckpt(graph, {**args, "budget_mb": 1e-6})
+            except PassError as exc:
+                found = re.search(r"reaches, ([0-9.]+) MB", str(exc))
+                least = None if found is None else float(found.group(1)) + 1e-4  # printed to 4 decimals
+                if least is None or least > budget_mb:
+                    return refused(exc)
+                out, info = ckpt(graph, {**args, "budget_mb": least})
+            else:
+                raise AssertionError("the pass accepted a budget of 1e-6 MB")
+        else:
+            out, info = ckpt(graph, {**args, "budget_mb": budget_mb})
+    except PassError as exc:
+        return refused(exc)
     record.update(budget_bytes=info.budget_bytes, planned_peak_bytes=info.planned_peak_bytes,
                   baseline_peak_bytes=info.baseline_peak_bytes, segments=info.segments,
                   recompute_fraction=info.recompute_fraction, measured_peak_bytes=info.measured_peak_bytes,

@@ -12,7 +12,16 @@ import pytest
 
 
 def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fxforge.benchmarks.bench_memory import AT_COMPILE, AT_PER_LAYER, LORA_MARGIN, MARGIN, TARGETS, main
+    from fxforge.benchmarks.bench_memory import (
+        AT_COMPILE,
+        AT_PER_LAYER,
+        AT_PER_LAYER_ATTENTION,
+        LORA_MARGIN,
+        MARGIN,
+        MEASURED_MARGIN,
+        TARGETS,
+        main,
+    )
 
     code = main(["--quick", "--json", str(tmp_path / "r.json")])
     text = capsys.readouterr().out
@@ -30,22 +39,32 @@ def test_quick_bench_prints_measured_peaks_and_its_checks(tmp_path: Path, capsys
         plan = res[label]["plan"]
         assert abs(plan["budget_bytes"] - float(named.group(1)) * peaks["unmodified graph"]) <= 1
         assert plan["planned_peak_bytes"] <= plan["budget_bytes"] < plan["baseline_peak_bytes"]
-        # the equal-memory row: planned for (1 - MARGIN) x every-layer checkpoint's MEASURED peak, or, where
-        # no plan reaches that, reported with the smallest reachable peak the pass gives (above the budget)
+        # the equal-memory rows: fitted on measured peaks for (1 - MEASURED_MARGIN) x every-layer checkpoint's
+        # MEASURED peak, or, where no plan measures within it, reported with the smallest peak the pass gives
         per_layer = "torch.utils.checkpoint every layer"
-        record = res[label]["equal_memory"][AT_PER_LAYER]
-        assert record["reference"] == per_layer and record["reference_peak_bytes"] == peaks[per_layer]
-        assert abs(record["budget_bytes"] - (1 - MARGIN) * peaks[per_layer]) <= 1
-        if record.get("unreachable"):
-            assert AT_PER_LAYER not in peaks and record["smallest_reachable_bytes"] > record["budget_bytes"]
-            assert f"{AT_PER_LAYER} ({label}): no plan reaches" in text
-        else:
-            assert record["planned_peak_bytes"] <= record["budget_bytes"] and AT_PER_LAYER in peaks
-        rows = {"unmodified graph", ours, per_layer} | ({AT_PER_LAYER} & set(peaks))
+        timed = set()
+        for row in (AT_PER_LAYER, AT_PER_LAYER_ATTENTION):
+            record = res[label]["equal_memory"][row]
+            assert record["reference"] == per_layer and record["reference_peak_bytes"] == peaks[per_layer]
+            assert abs(record["budget_bytes"] - (1 - MEASURED_MARGIN) * peaks[per_layer]) <= 1
+            assert record["how"] == "measured"
+            if record.get("unreachable"):
+                assert row not in peaks and record["smallest_reachable_bytes"] > record["budget_bytes"]
+                assert f"{row} ({label}): no plan within" in text
+            else:
+                assert record["measured_peak_bytes"] <= record["budget_bytes"] and row in peaks
+                assert record["measured_plans"] >= 1
+                assert f"{label}: {row}: peak <= {per_layer}'s" in res["checks"]
+                timed.add(row)
+        rows = {"unmodified graph", ours, per_layer} | timed
         assert set(peaks) == set(ms) == rows
         assert AT_COMPILE not in res[label]["equal_memory"]  # --quick compiles nothing
-        for check in ("peak", "step time"):
-            assert f"{label}: {AT_PER_LAYER}: {check} <= {per_layer}'s" in res["checks"]
+        fastest = [c for c in res["checks"] if c.startswith(f"{label}: fxforge's fastest plan within {per_layer}'s")]
+        assert len(fastest) == 1 and fastest[0].endswith(f"step time <= {per_layer}'s")
+        best = min(timed, key=lambda r: ms[r]) if timed else None
+        assert f"({best})" in fastest[0]
+        assert res["checks"][fastest[0]] == (best is not None and ms[best] <= ms[per_layer]
+                                             and peaks[best] <= peaks[per_layer])
         assert 0 < peaks[ours] < peaks["unmodified graph"]  # recomputation really frees memory
         assert peaks["torch.utils.checkpoint every layer"] < peaks["unmodified graph"]
         ratio = peaks[ours] / peaks["unmodified graph"]
@@ -99,3 +118,12 @@ def test_equal_memory_plan_below_reach_reports_the_smallest_reachable_peak() -> 
     ours, record = plan_equal_memory(graph, inputs, "reference", reachable, MARGIN)
     assert ours is not None and not record.get("unreachable")
     assert record["planned_peak_bytes"] <= record["budget_bytes"] <= (1 - MARGIN) * reachable
+    # "smallest": the plan for the smallest peak the pass reaches, when that is within the budget
+    ours, smallest = plan_equal_memory(graph, inputs, "reference", reachable, MARGIN, how="smallest")
+    assert ours is not None and smallest["planned_peak_bytes"] <= record["planned_peak_bytes"]
+    ours, _ = plan_equal_memory(graph, inputs, "reference", 1024, MARGIN, how="smallest")
+    assert ours is None
+    # "measured": the pass fits the budget on measured peaks, and says what it measured
+    ours, measured = plan_equal_memory(graph, inputs, "reference", 10 * reachable, MARGIN, how="measured")
+    assert ours is not None and measured["measured_peak_bytes"] <= measured["budget_bytes"]
+    assert measured["measured_plans"] >= 1
