@@ -1,8 +1,14 @@
 """Pipeline and tensor-parallel inference on N = 1, 2, 4 processes with the same total threads: throughput and
 per-rank memory (issue 32).
 
-    .venv/bin/python -m fxforge.benchmarks.bench_distributed            # MiniLM classifier 32x128, zoo GPT 32x64
+    .venv/bin/python -m fxforge.benchmarks.bench_distributed            # MiniLM classifier 32x128, GPT 16x1024
     .venv/bin/python -m fxforge.benchmarks.bench_distributed --quick    # tiny models, one round (the unit test)
+    .venv/bin/python -m fxforge.benchmarks.bench_distributed --gpt toy  # the zoo's 2-layer GPT at 32x64 instead
+
+The GPT is models/gpt.py's default (4 layers x 128 wide, vocab 256) at T = 1024, 16 rows: the zoo GPT the memory
+benchmark trains at T = 1024, a forward of ~0.3 s here. ``--gpt toy`` runs ``fxforge.models.zoo.build("gpt")``
+(2 layers x 64 wide) at 32 x 64 instead: a whole forward of ~7 ms, below what a message between processes costs
+per microbatch, so it measures the launch's fixed overheads rather than a pipeline (and 2 layers give no 4 stages).
 
 N = 1 is the unsplit graph in one process with every thread (the baseline); N > 1 splits the checkpoint's graph into
 N time-balanced stages, one rank each (as ``fxforge pipeline-run`` does), and runs GPipe and 1F1B over microbatches,
@@ -53,9 +59,9 @@ def machine_line(total_threads: int) -> str:
     return f"CPU: {cpu}, {os.cpu_count()} cores, {total_threads} threads in total; load average {load}{gpu}"
 
 
-def _models(quick: bool, workdir: Path, rows: int | None = None) -> tuple[BenchModel, ...]:
-    """The MiniLM classifier and the zoo GPT (tiny BERT and GPT with --quick), captured and checkpointed; ``rows``
-    overrides the batch size."""
+def _models(quick: bool, workdir: Path, rows: int | None = None, gpt_size: str = "t1024") -> tuple[BenchModel, ...]:
+    """The MiniLM classifier and the GPT (``gpt_size``: module docstring; tiny BERT and GPT with --quick), captured
+    and checkpointed; ``rows`` overrides the batch size."""
     from fxforge import ForgeGraph
     from fxforge.models.bert import minilm_for_sequence_classification, tiny_bert
     from fxforge.models.gpt import GPT, GPTConfig
@@ -67,14 +73,22 @@ def _models(quick: bool, workdir: Path, rows: int | None = None) -> tuple[BenchM
         torch.manual_seed(0)
         gpt: torch.nn.Module = GPT(GPTConfig(vocab_size=64, sequence_length=32, n_layer=2, n_head=4, n_embd=32)).eval()
         names, vocab, (batch, seq), gseq = ("tiny BERT", "tiny GPT"), (100, 64), (8, 16), 16
-    else:
+        gbatch = batch
+    elif gpt_size == "toy":
         bert = minilm_for_sequence_classification(num_labels=2, seed=0).eval()
         gpt = build("gpt").model
-        names, vocab, (batch, seq), gseq = ("MiniLM classifier", "zoo GPT"), (30522, 256), (32, 128), 64
-    batch = rows or batch
+        names, vocab, (batch, seq), gseq = ("MiniLM classifier", "zoo GPT 2x64"), (30522, 256), (32, 128), 64
+        gbatch = batch
+    else:
+        bert = minilm_for_sequence_classification(num_labels=2, seed=0).eval()
+        torch.manual_seed(0)
+        gpt = GPT(GPTConfig(vocab_size=256, sequence_length=1024)).eval()
+        names, vocab, (batch, seq), gseq = ("MiniLM classifier", "GPT 4x128 T=1024"), (30522, 256), (32, 128), 1024
+        gbatch = 16
+    batch, gbatch = rows or batch, rows or gbatch
     bert_in = {"input_ids": torch.randint(0, vocab[0], (batch, seq), generator=gen),
                "attention_mask": torch.ones(batch, seq, dtype=torch.long)}
-    gpt_in = {"idx": torch.randint(0, vocab[1], (batch, gseq), generator=gen)}
+    gpt_in = {"idx": torch.randint(0, vocab[1], (gbatch, gseq), generator=gen)}
     bert_graph = ForgeGraph(bert, hf_input_names=["input_ids", "attention_mask"]).eval()
     gpt_graph = ForgeGraph(gpt, gpt_in["idx"][:2]).eval()
     return (BenchModel(names[0], str(bert_graph.export(workdir / "bert")), bert_in),
@@ -169,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-embedding", action="store_true",
                         help="pipeline: split the first stage's embedding table by rows over the ranks "
                              "(distributed/vocab_stage.py)")
-    parser.add_argument("--batch", type=int, default=None, help="rows per step (default 32, 8 with --quick)")
+    parser.add_argument("--batch", type=int, default=None, help="rows per step for both models (default: MiniLM 32, "
+                        "the GPT 16 at T=1024 or 32 with --gpt toy; 8 with --quick)")
+    parser.add_argument("--gpt", choices=("t1024", "toy"), default="t1024", help="the GPT: models/gpt.py's default "
+                        "4x128 at T=1024, or the zoo's 2-layer toy at T=64 (module docstring)")
     parser.add_argument("--timeout", type=float, default=300.0, help="process-group timeout, seconds")
     parser.add_argument("--json", type=Path, help="also write the raw measures and rows here")
     args = parser.parse_args(argv)
@@ -188,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if n > args.threads:
             notes.append(f"N={n}: {n} ranks x 1 thread on {args.threads} threads' worth of cores: oversubscribed")
     with tempfile.TemporaryDirectory(prefix="bench-distributed-") as tmp:
-        built = dict(zip(("minilm", "gpt"), _models(args.quick, Path(tmp), args.batch), strict=True))
+        built = dict(zip(("minilm", "gpt"), _models(args.quick, Path(tmp), args.batch, args.gpt), strict=True))
         models = tuple(built[name] for name in ("minilm", "gpt") if name in args.models)
         runs: dict[int, list[list[dict[str, Any]]]] = {n: [] for n in ranks}
         for _ in range(rounds):

@@ -151,10 +151,21 @@ def _save_attention_results() -> tuple[Any, Any]:
 
 
 def _has_dropout(graph: fx.Graph, owner: nn.Module) -> bool:
-    """Whether the region calls F.dropout (directly or through an nn.Dropout child), so a DropoutTape pays."""
-    return any((n.op == "call_function" and n.target is F.dropout)
-               or (n.op == "call_module" and type(owner.get_submodule(str(n.target))) is nn.Dropout)
-               for n in graph.nodes)
+    """Whether the region calls F.dropout (directly or through an nn.Dropout child) or an attention that may drop
+    out (F.scaled_dot_product_attention with a dropout_p that is not a literal 0, or a module wrapping it with
+    one above 0), so a DropoutTape pays."""
+    def drops(n: fx.Node) -> bool:
+        if n.op == "call_function":
+            p = n.kwargs.get("dropout_p", n.args[4] if len(n.args) > 4 else 0.0)
+            return n.target is F.dropout or (n.target is F.scaled_dot_product_attention
+                                             and not (isinstance(p, float | int) and p == 0))
+        if n.op == "call_module":
+            module = owner.get_submodule(str(n.target))
+            return type(module) is nn.Dropout or (getattr(module, "fxforge_op", None) == "scaled_dot_product_attention"
+                                                  and getattr(module, "dropout_p", 0.0) > 0)
+        return False
+
+    return any(drops(n) for n in graph.nodes)
 
 
 def _to_config(region: CheckpointRegion) -> dict[str, Any]:
