@@ -91,3 +91,21 @@ def test_both_targets_name_the_configurations_meeting_them_together() -> None:
         return {"model": "m", "schedule": schedule, "n": n, "rel_throughput": rel, "held_ratio": ratio}
     rows = [row("gpipe", 2, 0.9, 0.6), row("1f1b", 2, 0.8, 0.5), row("tp", 2, 0.86, 0.51), row("tp", 4, 0.9, 0.3)]
     assert both_met(rows) == ["m tp"]
+
+
+@pytest.mark.parametrize("size", ["t1024", "toy"])
+def test_the_gpt_is_the_one_asked_for(size: str, tmp_path: Path) -> None:
+    """The full-size GPT is models/gpt.py's default (4 layers x 128) at T = 1024, 16 rows; ``--gpt toy`` the zoo's
+    2-layer GPT at 32 x 64; ``--batch`` sets both models' rows; each is exported and loads with its parameters."""
+    from fxforge.benchmarks.bench_distributed import _models
+
+    bert, gpt = _models(False, tmp_path, None, size)
+    layers, width, shape = (4, 128, (16, 1024)) if size == "t1024" else (2, 64, (32, 64))
+    assert tuple(gpt.inputs["idx"].shape) == shape and tuple(bert.inputs["input_ids"].shape) == (32, 128)
+    loaded = ForgeGraph.from_checkpoint(gpt.checkpoint)
+    names = {n for n, _ in loaded.model.named_parameters()}
+    assert sum(n.endswith("c_fc.weight") for n in names) == layers
+    assert loaded.model.get_parameter(next(n for n in names if n.endswith("wte.weight"))).shape[1] == width
+    if size == "toy":
+        _, small = _models(False, tmp_path / "rows", 3, size)
+        assert small.inputs["idx"].shape[0] == 3
