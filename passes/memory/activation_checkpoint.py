@@ -15,7 +15,8 @@ With ``selective`` the regions keep their matrix multiplies' and attentions' res
 activation checkpointing) and the planner prices a segment that way: kept bytes add those results, recomputed
 cost is the rest's. ``selective="attention"`` keeps only the fused attention kernels' results: at a long
 sequence attention is the costliest op for the bytes it returns (the zoo GPT at T = 1024: 8 ms for 2 MB per
-layer), so such regions fit the memory of checkpointing every layer and recompute half as much.
+layer), so such regions fit the memory of checkpointing every layer and recompute a third less (0.60 of a
+forward against full regions' 0.92).
 
 How it rewrites: each segment becomes a :class:`CheckpointRegion` (passes/memory/checkpoint_region.py) called
 once from the graph; it runs ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False,

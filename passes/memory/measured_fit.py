@@ -9,11 +9,9 @@ at T = 1024: regions keeping their attentions' results estimated 58.3 MB measure
 So, when asked, the pass searches on measurements: it plans for an *estimate* budget x, rewrites a copy of the
 graph with that plan and measures one training step's allocator peak; then bisects x (in log-space) for the
 largest one whose plan still measures within the real budget. Plans repeat across x, so each distinct plan is
-measured once; of all plans measured within the budget the one with the least recompute wins. The planner's
-plans jump (MiniLM 8x128: 53.3 MB measured, then 71.3 for a 63.5 MB budget), so the winner's headroom is then
-spent by dropping its costliest segments while the measurement allows: a plan without one segment is tried
-when its estimate grows by no more than the headroom measured (the estimate's error taken as constant across
-one segment), up to ``rounds`` more measurements.
+measured once; of all plans measured within the budget the one with the least recompute wins. The plans
+themselves come from the planner, so their peaks jump (MiniLM 8x128 for 63.5 MB: 53.3 MB measured, the next
+one 71.3): the fit chooses among them, it does not make new ones.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .checkpoint_plan import GraphCosts, Plan, plan_checkpoints, plan_of
+from .checkpoint_plan import GraphCosts, Plan, plan_checkpoints
 
 __all__ = ["MeasuredFit", "fit_measured"]
 
@@ -77,30 +75,4 @@ def fit_measured(costs: GraphCosts, budget: int, measure: Callable[[Plan], int],
         else:
             hi = mid
     best, peak = min(fits, key=lambda f: (f[0].cost, f[1]))
-    best, peak = _spend_headroom(costs, best, peak, budget, measure, seen, trials, rounds)
     return MeasuredFit(best, peak, least, min(seen.values()), tuple(trials), len(seen))
-
-
-def _spend_headroom(costs: GraphCosts, plan: Plan, peak: int, budget: int, measure: Callable[[Plan], int],
-                    seen: dict[tuple[tuple[int, int], ...], int], trials: list[tuple[int, int, int]],
-                    tries: int) -> tuple[Plan, int]:
-    """Drop segments from ``plan`` (cheapest resulting plan first) while one measures within ``budget``: only
-    those whose estimate grows by at most the measured headroom are measured, at most ``tries`` of them."""
-    while tries > 0 and plan.segments:
-        fewer = sorted((plan_of(costs, plan.segments[:k] + plan.segments[k + 1:]) for k in range(len(plan.segments))),
-                       key=lambda p: (p.cost, p.peak))
-        for candidate in fewer:
-            if candidate.peak - plan.peak > budget - peak:
-                continue
-            if candidate.segments not in seen:
-                if tries == 0:
-                    return plan, peak
-                tries -= 1
-                seen[candidate.segments] = measure(candidate)
-                trials.append((budget, candidate.peak, seen[candidate.segments]))
-            if seen[candidate.segments] <= budget:
-                plan, peak = candidate, seen[candidate.segments]
-                break
-        else:
-            return plan, peak
-    return plan, peak
