@@ -236,3 +236,18 @@ def tiny_search_setup(rows: int) -> tuple[Any, Any]:
     net = TinyMLP().eval()
     x = torch.randn(rows, 8)
     return ForgeGraph(net, (x[:4],)), TensorTask({"x": x}, net(x).argmax(-1), batch_size=32)
+
+
+class OpCounts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten ops that run while active; ``of(*ops)`` sums those given as overloads or packets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[Any, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls[func] = self.calls.get(func, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+    def of(self, *ops: Any) -> int:
+        return sum(n for f, n in self.calls.items() if f in ops or f.overloadpacket in ops)

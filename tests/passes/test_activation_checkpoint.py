@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_steps_bitwise_equal, bert_inputs, make_agru, make_gpt, make_tiny_bert
+from conftest import OpCounts, assert_steps_bitwise_equal, bert_inputs, make_agru, make_gpt, make_tiny_bert
 from conftest import seeded_training_step as _step
 
 from fxforge import ForgeGraph, passes
@@ -184,18 +184,6 @@ def test_no_segment_of_the_plan_could_be_dropped() -> None:
             assert fewer.peak > budget, (k, plan, fewer)
 
 
-class _CountDraws(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts aten random draws (bernoulli_) while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.draws = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.draws += func.overloadpacket is torch.ops.aten.bernoulli_
-        return func(*args, **(kwargs or {}))
-
-
 def test_dropout_in_a_region_keeps_its_mask_as_bits() -> None:
     """A checkpointed region's dropout is not redrawn in recomputation (the CPU draw dominated its cost): backward
     draws only for the random ops that are not F.dropout (here an AlphaDropout between two Dropouts, in the same
@@ -215,11 +203,11 @@ def test_dropout_in_a_region_keeps_its_mask_as_bits() -> None:
     ref_out, ref_grad = _step(mg, {"input": x}, seed=11)
     out.model.zero_grad(set_to_none=True)
     torch.manual_seed(11)
-    with _CountDraws() as forward:
+    with OpCounts() as forward:
         y = out(x)
-    with _CountDraws() as backward:
+    with OpCounts() as backward:
         y.float().sum().backward()
-    assert forward.draws == 3 and backward.draws == alpha
+    assert forward.of(torch.ops.aten.bernoulli_) == 3 and backward.of(torch.ops.aten.bernoulli_) == alpha
     assert torch.equal(y.detach(), ref_out[0])
     assert all(torch.equal(p.grad, ref_grad[n]) for n, p in out.model.named_parameters())
 

@@ -6,13 +6,10 @@ every encoder layer; under torch.compile the regions are traced whole and replay
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
-from conftest import assert_compiled_step_matches, bert_inputs
+from conftest import OpCounts, assert_compiled_step_matches, bert_inputs
 from conftest import seeded_training_step as _step
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxforge import ForgeGraph
 from fxforge.graph.inputs import ExampleInputs
@@ -84,16 +81,6 @@ def test_smallest_reachable_is_at_most_every_layer_checkpointing() -> None:
     assert plan_checkpoints(costs, None)[1] <= every_layer.peak, (every_layer.peak / MB, segments)
 
 
-class _Draws(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.draws = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.draws += func.overloadpacket is torch.ops.aten.bernoulli_
-        return func(*args, **(kwargs or {}))
-
-
 def test_attention_dropout_is_taped_not_redrawn(monkeypatch: pytest.MonkeyPatch) -> None:
     """The attention's dropout (aten's math kernel draws it on the attention weights) keeps its mask as bits like
     F.dropout: backward of the checkpointed graph draws nothing, where without the attention tape it redraws once
@@ -115,9 +102,9 @@ def test_attention_dropout_is_taped_not_redrawn(monkeypatch: pytest.MonkeyPatch)
         out.model.train().zero_grad(set_to_none=True)
         torch.manual_seed(5)
         leaves = [t for t in torch.utils._pytree.tree_leaves(out(**inputs)) if isinstance(t, torch.Tensor)]
-        with _Draws() as backward:  # the step seeded_training_step takes
+        with OpCounts() as backward:  # the step seeded_training_step takes
             torch.stack([t.float().sum() for t in leaves if t.requires_grad]).sum().backward()
-        draws.append(backward.draws)
+        draws.append(backward.of(torch.ops.aten.bernoulli_))
         assert all(torch.equal(a.detach(), b) for a, b in zip(leaves, ref_out, strict=True))
         assert all(torch.equal(p.grad, ref_grad[n]) for n, p in out.model.named_parameters() if p.grad is not None)
     assert draws[0] == 0 and draws[1] >= attention, draws
