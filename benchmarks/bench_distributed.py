@@ -74,17 +74,16 @@ def _models(quick: bool, workdir: Path, rows: int | None = None, gpt_size: str =
         gpt: torch.nn.Module = GPT(GPTConfig(vocab_size=64, sequence_length=32, n_layer=2, n_head=4, n_embd=32)).eval()
         names, vocab, (batch, seq), gseq = ("tiny BERT", "tiny GPT"), (100, 64), (8, 16), 16
         gbatch = batch
-    elif gpt_size == "toy":
-        bert = minilm_for_sequence_classification(num_labels=2, seed=0).eval()
-        gpt = build("gpt").model
-        names, vocab, (batch, seq), gseq = ("MiniLM classifier", "zoo GPT 2x64"), (30522, 256), (32, 128), 64
-        gbatch = batch
     else:
         bert = minilm_for_sequence_classification(num_labels=2, seed=0).eval()
-        torch.manual_seed(0)
-        gpt = GPT(GPTConfig(vocab_size=256, sequence_length=1024)).eval()
-        names, vocab, (batch, seq), gseq = ("MiniLM classifier", "GPT 4x128 T=1024"), (30522, 256), (32, 128), 1024
-        gbatch = 16
+        vocab, (batch, seq) = (30522, 256), (32, 128)
+        if gpt_size == "toy":
+            gpt, gpt_name, gseq, gbatch = build("gpt").model, "zoo GPT 2x64", 64, 32
+        else:
+            torch.manual_seed(0)
+            gpt = GPT(GPTConfig(vocab_size=256, sequence_length=1024)).eval()
+            gpt_name, gseq, gbatch = "GPT 4x128 T=1024", 1024, 16
+        names = ("MiniLM classifier", gpt_name)
     batch, gbatch = rows or batch, rows or gbatch
     bert_in = {"input_ids": torch.randint(0, vocab[0], (batch, seq), generator=gen),
                "attention_mask": torch.ones(batch, seq, dtype=torch.long)}

@@ -68,6 +68,7 @@ import torch.nn as nn  # noqa: E402
 from fxforge import ForgeGraph, passes  # noqa: E402
 from fxforge.benchmarks.memory_variants import (  # noqa: E402
     GPTWithLoss,
+    How,
     Variant,
     checkpoint_every_layer,
     checkpoint_pass,
@@ -81,6 +82,7 @@ from fxforge.benchmarks.memory_variants import (  # noqa: E402
 )
 from fxforge.benchmarks.timing import interleaved  # noqa: E402
 from fxforge.passes.analysis.step_memory import allocator_peak  # noqa: E402
+from fxforge.passes.memory.checkpoint_region import Selective  # noqa: E402
 
 TARGETS = {"memory": 0.5, "time": 1.3, "lora_memory": 0.7, "lora_time": 1.2, "estimate": 0.10}
 LORA_RANK, LORA_ALPHA, LORA_DROPOUT = 8, 16, 0.1
@@ -249,7 +251,7 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
 
     equal: dict[str, dict[str, Any]] = {}
 
-    def at_memory_of(prefix: str, rows: list[tuple[str, bool | str, str, bool]]
+    def at_memory_of(prefix: str, rows: list[tuple[str, Selective, How, bool]]
                      ) -> Callable[[dict[str, int]], list[Variant]]:
         """fxforge planned for the measured peak of the variant named ``prefix...`` (once it is measured), one
         plan per (selective mode, how) in ``rows`` (row name, selective mode, how it is planned: see
@@ -260,7 +262,7 @@ def bench_model(model: nn.Module, inputs: dict[str, torch.Tensor], label: str, a
             if ckpt is None or ref is None:
                 return []
             same: list[Variant] = []
-            plans: dict[tuple[bool | str, str], tuple[ForgeGraph | None, dict[str, Any]]] = {}
+            plans: dict[tuple[Selective, How], tuple[ForgeGraph | None, dict[str, Any]]] = {}
             for row, selective, how, compile_it in rows:
                 if (selective, how) not in plans:
                     plans[selective, how] = plan_equal_memory(base, inputs, ref, peaks[ref],

@@ -13,7 +13,7 @@ import copy
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
@@ -22,6 +22,9 @@ from torch.utils.checkpoint import checkpoint
 
 from fxforge import ForgeGraph
 from fxforge.models.gpt import GPT, GPTConfig
+
+if TYPE_CHECKING:
+    from fxforge.passes.memory.checkpoint_region import Selective
 
 __all__ = ["GPTWithLoss", "PerLayerCheckpoint", "Variant", "checkpoint_every_layer", "checkpoint_pass", "classifier",
            "gpt", "loss_step", "plan_budget", "plan_checkpoints", "plan_equal_memory", "zero_grads"]
@@ -174,46 +177,46 @@ def plan_budget(graph: ForgeGraph, inputs: dict[str, torch.Tensor], share: float
             share = round(share + 0.05, 3)
 
 
+How = Literal["estimate", "measured", "smallest"]  # how plan_equal_memory plans
+
+
 def plan_equal_memory(graph: ForgeGraph, inputs: dict[str, torch.Tensor], reference: str, peak: int,
-                      margin: float, selective: bool | str = False, how: str = "estimate"
+                      margin: float, selective: Selective = False,
+                      how: How = "estimate"
                       ) -> tuple[ForgeGraph | None, dict[str, Any]]:
     """Plan ``graph`` to run within another variant's MEASURED ``peak``, to time both at the same memory
     (``selective``: the pass's selective mode). ``how``: "estimate" plans for budget_mb = (1 - margin) x peak on
     the pass's estimate; "measured" the same with ``measure`` (the pass fits it on the allocator's measured peak of
-    its candidate plans); "smallest" plans for the smallest peak the pass reaches (it reports it when refusing a
-    budget no plan reaches), kept only if that is within the budget. No share is raised here: where no plan
-    fits, the graph is None and the record holds the smallest peak the pass reports reachable."""
+    its candidate plans); "smallest" plans for the smallest peak the planner reaches on ``inputs``, kept only if
+    that is within the budget. No share is raised here: where no plan fits, the graph is None and the record holds
+    the smallest peak reachable (the planner's, or the one the pass reports when refusing)."""
     from fxforge.passes.base import PassError
 
     ckpt = checkpoint_pass()
-    assert ckpt is not None and how in ("estimate", "measured", "smallest")
+    assert ckpt is not None
     budget_mb = (1.0 - margin) * peak / MB
     record: dict[str, Any] = {"reference": reference, "reference_peak_bytes": peak, "share": 1.0 - margin,
                               "selective": selective, "how": how}
 
-    def refused(exc: PassError) -> tuple[None, dict[str, Any]]:
+    args = {"data": inputs, "selective": selective, "measure": how == "measured"}
+    if how == "smallest":  # the planner's smallest peak on these inputs, in bytes (+1: MB and back may round down)
+        from fxforge.graph.inputs import ExampleInputs
+        from fxforge.passes.memory import checkpoint_plan as planner  # (this module has its own plan_checkpoints)
+        from fxforge.passes.propagate import flat_inputs
+
+        flat = flat_inputs(graph.model, ExampleInputs.coerce(inputs))
+        least = planner.plan_checkpoints(planner.graph_costs(graph.model, flat, selective=selective), None)[1]
+        if least > budget_mb * MB:
+            record.update(budget_bytes=int(budget_mb * MB), unreachable=True, smallest_reachable_bytes=least)
+            return None, record
+        budget_mb = (least + 1) / MB
+    try:
+        out, info = ckpt(graph, {**args, "budget_mb": budget_mb})
+    except PassError as exc:
         found = re.search(r"(?:reaches|measured), ([0-9.]+) MB", str(exc))
         record.update(budget_bytes=int(budget_mb * MB), unreachable=True,
                       smallest_reachable_bytes=float(found.group(1)) * MB if found else None)
         return None, record
-
-    args = {"data": inputs, "selective": selective, "measure": how == "measured"}
-    try:
-        if how == "smallest":
-            try:  # a budget no plan reaches: the refusal says the smallest peak one does
-                ckpt(graph, {**args, "budget_mb": 1e-6})
-            except PassError as exc:
-                found = re.search(r"reaches, ([0-9.]+) MB", str(exc))
-                least = None if found is None else float(found.group(1)) + 1e-4  # printed to 4 decimals
-                if least is None or least > budget_mb:
-                    return refused(exc)
-                out, info = ckpt(graph, {**args, "budget_mb": least})
-            else:
-                raise AssertionError("the pass accepted a budget of 1e-6 MB")
-        else:
-            out, info = ckpt(graph, {**args, "budget_mb": budget_mb})
-    except PassError as exc:
-        return refused(exc)
     record.update(budget_bytes=info.budget_bytes, planned_peak_bytes=info.planned_peak_bytes,
                   baseline_peak_bytes=info.baseline_peak_bytes, segments=info.segments,
                   recompute_fraction=info.recompute_fraction, measured_peak_bytes=info.measured_peak_bytes,

@@ -45,7 +45,7 @@ from ..contract import NumericalContract, PassInfo
 from ..propagate import flat_inputs
 from ..rewrite import GraphRewrite
 from .checkpoint_plan import Plan, graph_costs, plan_checkpoints
-from .checkpoint_region import CheckpointRegion, Selective
+from .checkpoint_region import CheckpointRegion, Selective, is_selective
 from .measured_fit import fit_measured
 
 __all__ = ["ActivationCheckpointArgs", "ActivationCheckpointInfo", "activation_checkpoint_transform_pass"]
@@ -77,7 +77,7 @@ class ActivationCheckpointArgs:
             raise ValueError(f"budget_mb must be > 0, got {self.budget_mb}")
         if self.fraction is not None and not 0 < self.fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
-        if not (isinstance(self.selective, bool) or self.selective == "attention"):
+        if not is_selective(self.selective):
             raise ValueError(f"selective must be true, false or 'attention', got {self.selective!r}")
         if not isinstance(self.measure, bool):
             raise ValueError(f"measure must be true or false, got {self.measure!r}")

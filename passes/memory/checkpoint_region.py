@@ -35,7 +35,7 @@ from ...graph.checkpoint import _codegen_json, _node_json
 from ...graph.checkpoint_load import CHECKPOINT_SCHEMA_VERSION, _build_graph, _check_config
 from .dropout_tape import DropoutTape
 
-__all__ = ["ATTENTION_OPS", "SAVED_OPS", "CheckpointRegion", "KeptStorages", "Selective", "kept_ops"]
+__all__ = ["ATTENTION_OPS", "SAVED_OPS", "CheckpointRegion", "KeptStorages", "Selective", "is_selective", "kept_ops"]
 
 Selective = bool | Literal["attention"]  # False: full recomputation; True: keep SAVED_OPS; "attention": ATTENTION_OPS
 
@@ -48,7 +48,7 @@ class CheckpointRegion(nn.Module):
     def __init__(self, graph: fx.Graph, children: dict[str, nn.Module], inputs: int, selective: Selective = False
                  ) -> None:
         super().__init__()
-        if not _is_selective(selective):
+        if not is_selective(selective):
             raise ValueError(f"CheckpointRegion: selective must be true, false or 'attention', got {selective!r}")
         for name, child in children.items():
             self.add_module(name, child)
@@ -103,7 +103,8 @@ ATTENTION_OPS = frozenset({torch.ops.aten._scaled_dot_product_flash_attention_fo
 SAVED_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default}) | ATTENTION_OPS
 
 
-def _is_selective(value: Any) -> bool:
+def is_selective(value: Any) -> bool:
+    """Whether ``value`` is a selective mode: exactly True, False or "attention"."""
     return value is True or value is False or (isinstance(value, str) and value == "attention")
 
 
@@ -192,7 +193,7 @@ def _from_config(config: dict[str, Any]) -> CheckpointRegion:
     if set(config) - {"selective"} != {"inputs", "children", "rebuilt", "codegen", "nodes"}:
         raise targets.CheckpointError(f"CheckpointRegion config keys {sorted(config)} are not the expected ones")
     selective = config.get("selective", False)
-    if not _is_selective(selective):
+    if not is_selective(selective):
         raise targets.CheckpointError("CheckpointRegion config: selective must be true, false or 'attention'")
     names, rebuilt, inputs = config["children"], config["rebuilt"], config["inputs"]
     if not isinstance(names, list) or not all(targets.is_identifier(n) for n in names) \
